@@ -1,0 +1,212 @@
+"""The fleet configuration schema: pools, policies, routes, auth (DESIGN.md §1).
+
+Every model forbids unknown keys, so a typo fails loudly with its YAML path instead of being
+ignored. Values that matter have no silent defaults. Vendor and runtime follow from the
+accelerator (``ACCELERATORS``), so a config cannot say "mi300x on cuda".
+
+May touch: pydantic only. Must not import any other fleetgate package (config is the leaf).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+from urllib.parse import parse_qs, urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# accelerator -> (vendor, runtime); the GPU facts live in backends/hardware.py.
+ACCELERATORS: dict[str, tuple[str, str]] = {
+    "mi300x": ("amd", "rocm"),
+    "mi325x": ("amd", "rocm"),
+    "mi355x": ("amd", "rocm"),
+    "h100": ("nvidia", "cuda"),
+    "h200": ("nvidia", "cuda"),
+    "b200": ("nvidia", "cuda"),
+    "cpu": ("none", "cpu"),
+}
+Accelerator = Literal["mi300x", "mi325x", "mi355x", "h100", "h200", "b200", "cpu"]
+Engine = Literal["vllm", "sglang", "openai"]
+EMULATED_ENGINES = ("vllm", "sglang")
+EMULATED_QUERY_KEYS = {"profile", "speed", "stack", "tp", "max_queued_requests"}
+
+_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_name(value: str) -> str:
+    if not _NAME.match(value):
+        raise ValueError("must be 1-63 chars of lowercase letters, digits, '.', '_' or '-'")
+    return value
+
+
+def _check_endpoint(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme in ("http", "https"):
+        if not parts.hostname:
+            raise ValueError(f"{url!r} has no host")
+        return url.rstrip("/")
+    if parts.scheme == "emulated":
+        if parts.netloc not in EMULATED_ENGINES:
+            raise ValueError(f"{url!r}: emulated engine must be one of {EMULATED_ENGINES}")
+        gpu = parts.path.strip("/")
+        if gpu not in ACCELERATORS or gpu == "cpu":
+            gpus = sorted(a for a in ACCELERATORS if a != "cpu")
+            raise ValueError(f"{url!r}: emulated GPU must be one of {gpus}")
+        unknown = set(parse_qs(parts.query)) - EMULATED_QUERY_KEYS
+        if unknown:
+            raise ValueError(f"{url!r}: unknown options {sorted(unknown)}")
+        return url
+    raise ValueError(f"{url!r}: scheme must be http, https or emulated")
+
+
+class PoolConfig(_Strict):
+    """Replicas of one engine on one GPU type at one price."""
+
+    name: str
+    accelerator: Accelerator
+    engine: Engine
+    gpus_per_replica: int = Field(default=1, ge=1, le=64)
+    price_per_gpu_hour: float = Field(ge=0)
+    endpoints: list[str] = Field(min_length=1)
+    models: dict[str, str] = Field(min_length=1, description="public name -> served name")
+    labels: dict[str, str] = Field(default_factory=dict)
+    max_model_len: int | None = Field(default=None, ge=1)
+
+    _name = field_validator("name")(_check_name)
+
+    @field_validator("endpoints")
+    @classmethod
+    def _endpoints(cls, value: list[str]) -> list[str]:
+        checked = [_check_endpoint(v) for v in value]
+        if len(set(checked)) != len(checked):
+            raise ValueError("endpoints must be unique")
+        return checked
+
+    @property
+    def vendor(self) -> str:
+        return ACCELERATORS[self.accelerator][0]
+
+    @property
+    def runtime(self) -> str:
+        return ACCELERATORS[self.accelerator][1]
+
+    @property
+    def price_per_replica_hour(self) -> float:
+        return self.price_per_gpu_hour * self.gpus_per_replica
+
+
+class SloConfig(_Strict):
+    ttft_ms: float | None = Field(default=None, gt=0)
+    tpot_ms: float | None = Field(default=None, gt=0)
+
+
+class ScorerRef(_Strict):
+    """A weighted scorer in a custom policy; ``params`` are validated by the plugin registry."""
+
+    name: str
+    weight: float = Field(default=1.0, ge=0)
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class FilterRef(_Strict):
+    name: str
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+Strategy = Literal[
+    "cost", "latency", "least_loaded", "round_robin", "power_of_two", "affinity", "weighted"
+]
+
+
+class PolicyConfig(_Strict):
+    strategy: Strategy
+    slo: SloConfig = Field(default_factory=SloConfig)
+    max_usd_per_mtok: float | None = Field(default=None, gt=0)
+    filters: list[FilterRef] = Field(default_factory=list)
+    scorers: list[ScorerRef] = Field(default_factory=list)
+    picker: Literal["max_score", "weighted_random", "power_of_two"] | None = None
+    max_attempts: int = Field(default=3, ge=1, le=10)
+
+    @model_validator(mode="after")
+    def _weighted_needs_scorers(self) -> PolicyConfig:
+        if self.strategy == "weighted" and not self.scorers:
+            raise ValueError("strategy 'weighted' needs at least one entry in 'scorers'")
+        return self
+
+
+class RouteMatch(_Strict):
+    model: str | None = None
+    header: dict[str, str] = Field(default_factory=dict)
+    tenant: str | None = None
+
+
+class RouteConfig(_Strict):
+    match: RouteMatch
+    policy: str
+
+
+class KeyLimits(_Strict):
+    rpm: int | None = Field(default=None, ge=1)
+    tpm: int | None = Field(default=None, ge=1)
+    concurrency: int | None = Field(default=None, ge=1)
+    usd_per_day: float | None = Field(default=None, gt=0)
+    usd_per_month: float | None = Field(default=None, gt=0)
+
+
+class ApiKeyConfig(_Strict):
+    name: str
+    key: str | None = None
+    key_sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
+    tenant: str
+    models: list[str] | None = None
+    policies: list[str] | None = None
+    limits: KeyLimits = Field(default_factory=KeyLimits)
+
+    @model_validator(mode="after")
+    def _one_key(self) -> ApiKeyConfig:
+        if (self.key is None) == (self.key_sha256 is None):
+            raise ValueError("exactly one of 'key' or 'key_sha256' is required")
+        if self.key is not None and len(self.key) < 16:
+            raise ValueError("'key' must be at least 16 characters")
+        return self
+
+
+class AuthConfig(_Strict):
+    admin_keys: list[str] = Field(default_factory=list)
+    keys: list[ApiKeyConfig] = Field(default_factory=list)
+
+
+class FleetConfig(_Strict):
+    pools: list[PoolConfig] = Field(min_length=1)
+    policies: dict[str, PolicyConfig] = Field(
+        default_factory=lambda: {"round_robin": PolicyConfig(strategy="round_robin")}
+    )
+    routes: list[RouteConfig] = Field(default_factory=list)
+    default_policy: str = "round_robin"
+    auth: AuthConfig | None = None
+
+    @model_validator(mode="after")
+    def _cross_references(self) -> FleetConfig:
+        names = [p.name for p in self.pools]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"pools: names must be unique; repeated: {dupes}")
+        seen: dict[str, str] = {}
+        for i, pool in enumerate(self.pools):
+            for j, url in enumerate(pool.endpoints):
+                if url in seen and not url.startswith("emulated:"):
+                    raise ValueError(f"pools[{i}].endpoints[{j}]: {url} is also in {seen[url]!r}")
+                seen[url] = pool.name
+        if self.default_policy not in self.policies:
+            raise ValueError(f"default_policy: {self.default_policy!r} is not in policies")
+        for i, route in enumerate(self.routes):
+            if route.policy not in self.policies:
+                raise ValueError(f"routes[{i}].policy: {route.policy!r} is not in policies")
+        return self
+
+    def public_models(self) -> list[str]:
+        return sorted({m for p in self.pools for m in p.models})

@@ -1,0 +1,35 @@
+"""Liveness and readiness: ``/healthz`` (the process answers) and ``/readyz`` (config loaded
+and at least one endpoint ready). Both are cheap and never touch an engine.
+
+May touch: starlette, the app state. Must not touch: backends.
+"""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from fleetgate.gateway.api.openai import json_ok
+from fleetgate.gateway.state import AppState
+
+
+async def healthz(request: Request) -> Response:
+    return json_ok({"status": "ok"})
+
+
+async def readyz(request: Request) -> Response:
+    state: AppState | None = getattr(request.app.state, "fleetgate", None)
+    if state is None:
+        return json_ok({"status": "starting"}, status=503)
+    ready = state.fleet.ready_count()
+    total = len(state.fleet.live)
+    body = {"status": "ready" if ready else "not_ready", "endpoints_ready": ready,
+            "endpoints_total": total}
+    return json_ok(body, status=200 if ready else 503)
+
+
+routes = [
+    Route("/healthz", healthz, methods=["GET"]),
+    Route("/readyz", readyz, methods=["GET"]),
+]

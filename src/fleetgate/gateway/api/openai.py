@@ -1,0 +1,75 @@
+"""OpenAI-compatible routes: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``.
+
+Each handler parses (``parse.py``), delegates to ``ChatService`` and lets the app's error
+handler map typed errors to the OpenAI envelope.
+
+May touch: starlette, gateway services. Must not touch: backends or routing internals.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import orjson
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from fleetgate.gateway.api.parse import (
+    CHAT,
+    COMPLETIONS,
+    decode_json,
+    read_body,
+    routing_request,
+    wants_usage,
+)
+from fleetgate.gateway.chat import PreparedRequest
+from fleetgate.gateway.errors import NotFound
+from fleetgate.gateway.state import AppState
+
+
+async def _proxy(request: Request, path: str) -> Response:
+    state: AppState = request.app.state.fleetgate
+    request.state.request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+    body = decode_json(await read_body(request, state.settings.max_body_bytes))
+    routing = routing_request(path, body, request)
+    if routing.model not in state.models:
+        raise NotFound(f"The model '{routing.model}' does not exist. Available: "
+                       f"{', '.join(sorted(state.models))}", param="model")
+    prepared = PreparedRequest(
+        path=path,
+        routing=routing,
+        body=body,
+        request_id=request.state.request_id,
+        client_wants_usage=wants_usage(body),
+        traceparent=request.headers.get("traceparent"),
+    )
+    return await state.chat.handle(prepared)
+
+
+async def chat_completions(request: Request) -> Response:
+    return await _proxy(request, CHAT)
+
+
+async def completions(request: Request) -> Response:
+    return await _proxy(request, COMPLETIONS)
+
+
+async def list_models(request: Request) -> Response:
+    state: AppState = request.app.state.fleetgate
+    created = int(state.started_at)
+    data = [{"id": m, "object": "model", "created": created, "owned_by": "fleetgate"}
+            for m in sorted(state.models)]
+    return json_ok({"object": "list", "data": data})
+
+
+def json_ok(body: object, status: int = 200) -> Response:
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+
+
+routes = [
+    Route(CHAT, chat_completions, methods=["POST"]),
+    Route(COMPLETIONS, completions, methods=["POST"]),
+    Route("/v1/models", list_models, methods=["GET"]),
+]

@@ -1,0 +1,111 @@
+"""Typed errors and their one mapping to the OpenAI error envelope.
+
+Handlers raise ``GatewayError`` subclasses; ``error_response`` turns any of them into
+``{"error": {"message", "type", "param", "code"}}`` with the right status. Upstream error
+bodies in the engines' own shapes (vLLM nested, SGLang flat, ``{"error": "Unauthorized"}``)
+are normalised by ``normalise_upstream_error``. A client never sees a stack trace or HTML.
+
+May touch: starlette responses, orjson. Must not touch: routing or backends internals.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from starlette.responses import Response
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "internal_error",
+    502: "upstream_error",
+    503: "service_unavailable",
+    504: "upstream_timeout",
+}
+
+
+class GatewayError(Exception):
+    status = 500
+    code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+        self.headers = headers or {}
+
+
+class BadRequest(GatewayError):
+    status = 400
+    code = "invalid_request"
+
+
+class NotFound(GatewayError):
+    status = 404
+    code = "model_not_found"
+
+
+class PayloadTooLarge(GatewayError):
+    status = 413
+    code = "request_too_large"
+
+
+class NoCapacity(GatewayError):
+    """No endpoint can take the request (all down, breakers open, or every attempt failed)."""
+
+    status = 503
+    code = "no_healthy_upstream"
+
+
+class UpstreamFailed(GatewayError):
+    status = 502
+    code = "upstream_error"
+
+
+class UpstreamTimeout(GatewayError):
+    status = 504
+    code = "upstream_timeout"
+
+
+def envelope(status: int, message: str, *, type_: str | None = None, param: str | None = None,
+             code: str | int | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_ or _TYPES.get(status, "error"),
+                      "param": param, "code": code}}
+
+
+def error_response(exc: GatewayError, headers: dict[str, str] | None = None) -> Response:
+    body = envelope(exc.status, exc.message, param=exc.param, code=exc.code)
+    return json_error(exc.status, body, {**exc.headers, **(headers or {})})
+
+
+def json_error(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(body), status_code=status, headers=headers,
+                    media_type="application/json")
+
+
+def normalise_upstream_error(status: int, raw: bytes) -> dict[str, Any]:
+    """An engine's error body, in whatever shape, as the OpenAI envelope."""
+    try:
+        obj = orjson.loads(raw) if raw else None
+    except orjson.JSONDecodeError:
+        obj = None
+    if isinstance(obj, dict):
+        err = obj.get("error")
+        if isinstance(err, dict) and "message" in err:  # vLLM / OpenAI nested
+            return {"error": {"message": str(err.get("message")), "type": err.get("type"),
+                              "param": err.get("param"), "code": err.get("code")}}
+        if obj.get("object") == "error" and "message" in obj:  # SGLang flat
+            return envelope(status, str(obj["message"]), type_=str(obj.get("type") or ""),
+                            param=obj.get("param"), code=obj.get("code"))
+        if isinstance(err, str):  # {"error": "Unauthorized"}
+            return envelope(status, err)
+    text = raw[:500].decode("utf-8", "replace").strip() if raw else ""
+    return envelope(status, text or f"upstream answered HTTP {status}")

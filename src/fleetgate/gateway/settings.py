@@ -1,0 +1,50 @@
+"""Process settings from the environment (one knob, one place; routing lives in the YAML).
+
+| variable | default | meaning |
+|---|---|---|
+| FLEETGATE_CONFIG | embedded default | fleet config file |
+| FLEETGATE_HOST / FLEETGATE_PORT | 127.0.0.1 / 8080 | listen address |
+| FLEETGATE_MAX_BODY_BYTES | 8388608 | request body limit (413 beyond) |
+| FLEETGATE_HEALTH_INTERVAL_S | 1.0 | engine health probe interval |
+| FLEETGATE_CONNECT_TIMEOUT_S | 3 | upstream TCP connect |
+| FLEETGATE_READ_TIMEOUT_S | 120 | upstream first byte and idle gap between chunks |
+| FLEETGATE_TOTAL_TIMEOUT_S | 600 | whole upstream exchange |
+| FLEETGATE_LOG_LEVEL | info | python log level |
+
+May touch: os.environ, pydantic. Must not touch: anything else.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    config_path: Path | None = None
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    health_interval_s: float = Field(default=1.0, gt=0)
+    connect_timeout_s: float = Field(default=3.0, gt=0)
+    read_timeout_s: float = Field(default=120.0, gt=0)
+    total_timeout_s: float = Field(default=600.0, gt=0)
+    log_level: str = "info"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
+        env = os.environ if env is None else env
+        values: dict[str, object] = {}
+        for name in cls.model_fields:
+            key = f"FLEETGATE_{name.upper()}"
+            if name == "config_path":
+                key = "FLEETGATE_CONFIG"
+            if env.get(key):
+                values[name] = env[key]
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls.model_validate(values)
