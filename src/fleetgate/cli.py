@@ -117,7 +117,9 @@ def _print_errors(exc: ConfigError) -> None:
 
 
 def _logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per probe is noise
 
 
 if __name__ == "__main__":

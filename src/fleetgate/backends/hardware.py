@@ -11,13 +11,13 @@ degree TP running a step that processes ``T`` tokens (decodes + prefill-chunk to
 
     t_mem  = (W/TP + kv·R/TP) / (η_bw·BW)
     t_cmp  = (2·P_act·T + 4·L·d_model·A) / (TP·η_fl·F)
-    t_comm = 2·L·(α + 2·(TP−1)/TP · T·d_model·2 B / BW_link)        (0 when TP = 1)
+    t_comm = 2·L·(alpha + 2·(TP-1)/TP · T·d_model·2 B / BW_link)        (0 when TP = 1)
     t_step = max(t_mem, t_cmp) + t_comm + t_ovh
 
 W = weight bytes, kv = KV bytes per token, F = dense peak FLOPS of the weights' precision,
-η and t_ovh per software stack ("stock" upstream release vs "tuned"). α and BW_link (the
+η and t_ovh per software stack ("stock" upstream release vs "tuned"). alpha and BW_link (the
 all-reduce latency and per-direction link bandwidth) are estimates [E]. KV capacity:
-``K_max = (HBM·gpu_memory_utilization − W/TP − workspace)·TP / kv``.
+``K_max = (HBM·gpu_memory_utilization - W/TP - workspace)·TP / kv``.
 
 May touch: nothing but the standard library (pure data and arithmetic). Must not touch: I/O,
 clocks, asyncio, other fleetgate packages.
@@ -64,7 +64,7 @@ class GpuSpec:
     eta_fl: PerStack
     step_overhead_ms: PerStack
     link_gb_s: float  # per-GPU, per-direction scale-up link bandwidth (NVLink / Infinity Fabric)
-    allreduce_latency_us: float  # α: fixed cost of one small all-reduce [E]
+    allreduce_latency_us: float  # alpha: fixed cost of one small all-reduce [E]
 
     def peak_flops(self, bytes_per_weight: float) -> float:
         """Dense FLOP/s for the compute precision that matches the weights."""
@@ -75,15 +75,36 @@ class GpuSpec:
         return self.fp4_tflops * 1e12
 
 
-def _gpu(name: str, vendor: str, hbm: float, bw: float, bf16: float, fp8: float,
-         fp4: float | None, price: float, eta_bw: tuple[float, float],
-         eta_fl: tuple[float, float], ovh: tuple[float, float], link: float,
-         alpha: float) -> GpuSpec:
+def _gpu(
+    name: str,
+    vendor: str,
+    hbm: float,
+    bw: float,
+    bf16: float,
+    fp8: float,
+    fp4: float | None,
+    price: float,
+    eta_bw: tuple[float, float],
+    eta_fl: tuple[float, float],
+    ovh: tuple[float, float],
+    link: float,
+    alpha: float,
+) -> GpuSpec:
     return GpuSpec(
-        name=name, vendor=vendor, runtime="rocm" if vendor == "amd" else "cuda",  # type: ignore[arg-type]
-        hbm_gb=hbm, hbm_tb_s=bw, bf16_tflops=bf16, fp8_tflops=fp8, fp4_tflops=fp4,
-        default_price_per_gpu_hour=price, eta_bw=PerStack(*eta_bw), eta_fl=PerStack(*eta_fl),
-        step_overhead_ms=PerStack(*ovh), link_gb_s=link, allreduce_latency_us=alpha,
+        name=name,
+        vendor=vendor,
+        runtime="rocm" if vendor == "amd" else "cuda",  # type: ignore[arg-type]
+        hbm_gb=hbm,
+        hbm_tb_s=bw,
+        bf16_tflops=bf16,
+        fp8_tflops=fp8,
+        fp4_tflops=fp4,
+        default_price_per_gpu_hour=price,
+        eta_bw=PerStack(*eta_bw),
+        eta_fl=PerStack(*eta_fl),
+        step_overhead_ms=PerStack(*ovh),
+        link_gb_s=link,
+        allreduce_latency_us=alpha,
     )
 
 
@@ -92,18 +113,96 @@ def _gpu(name: str, vendor: str, hbm: float, bw: float, bf16: float, fp8: float,
 GPUS: dict[str, GpuSpec] = {
     g.name: g
     for g in (
-        _gpu("h100", "nvidia", 80, 3.35, 989, 1979, None, 2.95,
-             (0.52, 0.65), (0.40, 0.55), (2.0, 0.7), 450, 8),
-        _gpu("h200", "nvidia", 141, 4.8, 989, 1979, None, 3.60,
-             (0.52, 0.65), (0.40, 0.55), (2.0, 0.7), 450, 8),
-        _gpu("b200", "nvidia", 180, 7.7, 2250, 4500, 9000, 6.00,
-             (0.48, 0.65), (0.35, 0.55), (2.0, 0.7), 900, 6),
-        _gpu("mi300x", "amd", 192, 5.3, 1307.4, 2614.9, None, 2.00,
-             (0.42, 0.60), (0.30, 0.45), (3.0, 1.0), 448, 12),
-        _gpu("mi325x", "amd", 256, 6.0, 1307.4, 2614.9, None, 2.25,
-             (0.42, 0.60), (0.30, 0.45), (3.0, 1.0), 448, 12),
-        _gpu("mi355x", "amd", 288, 8.0, 2516.6, 5033.2, 10066, 3.00,
-             (0.40, 0.60), (0.28, 0.45), (3.0, 1.0), 537, 10),
+        _gpu(
+            "h100",
+            "nvidia",
+            80,
+            3.35,
+            989,
+            1979,
+            None,
+            2.95,
+            (0.52, 0.65),
+            (0.40, 0.55),
+            (2.0, 0.7),
+            450,
+            8,
+        ),
+        _gpu(
+            "h200",
+            "nvidia",
+            141,
+            4.8,
+            989,
+            1979,
+            None,
+            3.60,
+            (0.52, 0.65),
+            (0.40, 0.55),
+            (2.0, 0.7),
+            450,
+            8,
+        ),
+        _gpu(
+            "b200",
+            "nvidia",
+            180,
+            7.7,
+            2250,
+            4500,
+            9000,
+            6.00,
+            (0.48, 0.65),
+            (0.35, 0.55),
+            (2.0, 0.7),
+            900,
+            6,
+        ),
+        _gpu(
+            "mi300x",
+            "amd",
+            192,
+            5.3,
+            1307.4,
+            2614.9,
+            None,
+            2.00,
+            (0.42, 0.60),
+            (0.30, 0.45),
+            (3.0, 1.0),
+            448,
+            12,
+        ),
+        _gpu(
+            "mi325x",
+            "amd",
+            256,
+            6.0,
+            1307.4,
+            2614.9,
+            None,
+            2.25,
+            (0.42, 0.60),
+            (0.30, 0.45),
+            (3.0, 1.0),
+            448,
+            12,
+        ),
+        _gpu(
+            "mi355x",
+            "amd",
+            288,
+            8.0,
+            2516.6,
+            5033.2,
+            10066,
+            3.00,
+            (0.40, 0.60),
+            (0.28, 0.45),
+            (3.0, 1.0),
+            537,
+            10,
+        ),
     )
 }
 
@@ -134,11 +233,27 @@ class ModelProfile:
         return 2 * self.layers * self.kv_heads * self.head_dim * self.kv_bytes_per_elem
 
 
-def _llama(name: str, params: float, bpw: float, layers: int, d_model: int, kv_bytes: float,
-           max_len: int = 8192) -> ModelProfile:
-    return ModelProfile(name=name, params=params, active_params=params, bytes_per_weight=bpw,
-                        layers=layers, kv_heads=8, head_dim=128, d_model=d_model,
-                        kv_bytes_per_elem=kv_bytes, max_model_len=max_len)
+def _llama(
+    name: str,
+    params: float,
+    bpw: float,
+    layers: int,
+    d_model: int,
+    kv_bytes: float,
+    max_len: int = 8192,
+) -> ModelProfile:
+    return ModelProfile(
+        name=name,
+        params=params,
+        active_params=params,
+        bytes_per_weight=bpw,
+        layers=layers,
+        kv_heads=8,
+        head_dim=128,
+        d_model=d_model,
+        kv_bytes_per_elem=kv_bytes,
+        max_model_len=max_len,
+    )
 
 
 MODEL_PROFILES: dict[str, ModelProfile] = {
@@ -161,20 +276,32 @@ def profile_for_served_name(name: str) -> ModelProfile:
     return MODEL_PROFILES[key]
 
 
-def kv_capacity_tokens(gpu: GpuSpec, profile: ModelProfile, tp: int = 1,
-                       gpu_memory_utilization: float = 0.9, workspace_gb: float = 1.0) -> int:
+def kv_capacity_tokens(
+    gpu: GpuSpec,
+    profile: ModelProfile,
+    tp: int = 1,
+    gpu_memory_utilization: float = 0.9,
+    workspace_gb: float = 1.0,
+) -> int:
     """K_max: KV-cache tokens a replica can hold (0 when the weights do not fit)."""
     free_per_gpu = gpu.hbm_gb * GB * gpu_memory_utilization - profile.weight_bytes / tp
     free_per_gpu -= workspace_gb * GB
     return max(0, math.floor(free_per_gpu * tp / profile.kv_bytes_per_token))
 
 
-def min_tensor_parallel(gpu: GpuSpec, profile: ModelProfile, max_model_len: int,
-                        gpu_memory_utilization: float = 0.9, workspace_gb: float = 1.0) -> int:
+def min_tensor_parallel(
+    gpu: GpuSpec,
+    profile: ModelProfile,
+    max_model_len: int,
+    gpu_memory_utilization: float = 0.9,
+    workspace_gb: float = 1.0,
+) -> int:
     """Smallest power-of-two TP (<= 8) whose KV capacity holds one max_model_len sequence."""
     for tp in (1, 2, 4, 8):
-        if kv_capacity_tokens(gpu, profile, tp, gpu_memory_utilization,
-                              workspace_gb) >= max_model_len:
+        if (
+            kv_capacity_tokens(gpu, profile, tp, gpu_memory_utilization, workspace_gb)
+            >= max_model_len
+        ):
             return tp
     raise ValueError(f"{profile.name} does not fit on 8 x {gpu.name}")
 
@@ -188,8 +315,9 @@ class StepLoad:
     attention_pairs: float  # A: sum over processed tokens of the context each attends to
 
 
-def step_seconds(gpu: GpuSpec, profile: ModelProfile, load: StepLoad, tp: int = 1,
-                 stack: str = "stock") -> float:
+def step_seconds(
+    gpu: GpuSpec, profile: ModelProfile, load: StepLoad, tp: int = 1, stack: str = "stock"
+) -> float:
     """Roofline duration of one continuous-batching step (module docstring formula)."""
     bw = gpu.eta_bw.get(stack) * gpu.hbm_tb_s * 1e12
     flops = gpu.eta_fl.get(stack) * gpu.peak_flops(profile.bytes_per_weight)
@@ -210,8 +338,9 @@ PRIOR_BATCH = 32
 PRIOR_CONTEXT_TOKENS = 2048
 
 
-def prior_decode_tokens_per_s(gpu: GpuSpec, profile: ModelProfile, tp: int = 1,
-                              stack: str = "stock") -> float:
+def prior_decode_tokens_per_s(
+    gpu: GpuSpec, profile: ModelProfile, tp: int = 1, stack: str = "stock"
+) -> float:
     """Ideal steady-state decode throughput of one replica, the router's cost prior.
 
     Formula: B = min(32, K_max // 2048) sequences, each with a 2,048-token context, decode only

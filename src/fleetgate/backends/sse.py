@@ -100,5 +100,5 @@ def chunk_usage(data: bytes) -> dict[str, Any] | None:
 
 
 def is_usage_only_chunk(data: bytes) -> bool:
-    """True for the separate final usage chunk (``"choices":[]`` plus usage)."""
-    return b'"choices":[]' in data and b'"usage"' in data
+    """True for the separate final usage chunk (``"choices":[]`` plus a non-null usage)."""
+    return b'"choices":[]' in data and chunk_usage(data) is not None

@@ -15,7 +15,9 @@ May touch: everything in gateway/, and the layers below it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import signal
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -28,20 +30,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from fleetgate.backends.relay import AiohttpBackend, Backend, Timeouts
-from fleetgate.config import FleetConfig, default_config_path, load_config
-from fleetgate.gateway.api import health, openai
+from fleetgate.config import ConfigError, FleetConfig, default_config_path, load_config
+from fleetgate.gateway.api import admin, health, openai
 from fleetgate.gateway.chat import ChatService
+from fleetgate.gateway.decisions import DecisionLog
 from fleetgate.gateway.errors import GatewayError, envelope, error_response, json_error
-from fleetgate.gateway.fleet import Fleet
 from fleetgate.gateway.settings import Settings
-from fleetgate.gateway.state import AppState
-from fleetgate.routing import RoundRobinRouter, Router
+from fleetgate.gateway.state import AppState, build_generation
 
 log = logging.getLogger("fleetgate")
-
-
-def load_fleet_config(settings: Settings) -> FleetConfig:
-    return load_config(settings.config_path or default_config_path())
 
 
 def create_app(settings: Settings, overrides: dict[str, Any] | None = None) -> Starlette:
@@ -49,29 +46,31 @@ def create_app(settings: Settings, overrides: dict[str, Any] | None = None) -> S
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        config: FleetConfig = overrides.get("config") or load_fleet_config(settings)
+        config: FleetConfig = overrides.get("config") or load_config(
+            settings.config_path or default_config_path())
         backend: Backend = overrides.get("backend") or AiohttpBackend()
-        probes = httpx.AsyncClient(limits=httpx.Limits(max_connections=64))
-        fleet = Fleet(config, probes, settings.health_interval_s)
+        http = httpx.AsyncClient(limits=httpx.Limits(max_connections=256))
+        state: AppState | None = None
         try:
-            await fleet.start()
-            router: Router = overrides.get("router") or RoundRobinRouter(config.default_policy)
+            gen = await build_generation(config, settings, http, overrides.get("router"))
             timeouts = Timeouts(settings.connect_timeout_s, settings.read_timeout_s,
                                 settings.total_timeout_s)
-            chat = ChatService(fleet, lambda: app.state.fleetgate.router, backend, timeouts)
-            app.state.fleetgate = AppState(
-                settings=settings, config=config, fleet=fleet, router=router, chat=chat,
-                started_at=time.time(), models=frozenset(config.public_models()),
-            )
+            chat = ChatService(lambda: state.generation if state else gen, backend, timeouts,
+                               DecisionLog())
+            state = AppState(settings, config, gen, chat, http, time.time(),
+                             frozenset(config.public_models()), asyncio.Lock())
+            app.state.fleetgate = state
             _announce(config)
+            _install_sighup(state)
             yield
         finally:
-            await fleet.stop()
+            if state is not None:
+                await state.generation.fleet.stop()
             await backend.close()
-            await probes.aclose()
+            await http.aclose()
 
-    app = Starlette(
-        routes=[*openai.routes, *health.routes],
+    return Starlette(
+        routes=[*openai.routes, *health.routes, *admin.routes],
         lifespan=lifespan,
         exception_handlers={
             GatewayError: _gateway_error,
@@ -79,7 +78,24 @@ def create_app(settings: Settings, overrides: dict[str, Any] | None = None) -> S
             Exception: _unexpected_error,
         },
     )
-    return app
+
+
+def _install_sighup(state: AppState) -> None:
+    """SIGHUP re-reads the config, like POST /admin/reload (errors are logged)."""
+
+    async def reload() -> None:
+        try:
+            await state.reload()
+        except ConfigError as exc:
+            log.error("reload rejected, still serving the old config: %s", exc)
+        except Exception:
+            log.exception("reload failed, still serving the old config")
+
+    try:
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(reload()))
+    except (NotImplementedError, RuntimeError, ValueError):
+        log.info("SIGHUP reload unavailable here; use POST /admin/reload")
 
 
 def _announce(config: FleetConfig) -> None:

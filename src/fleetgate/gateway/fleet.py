@@ -1,134 +1,119 @@
-"""The running fleet: endpoints from the config, their emulated engines, health and in-flight.
+"""The running fleet of one config: endpoints, their emulated engines, live state, collector.
 
 ``Fleet`` owns what lives as long as one config: the emulated engine processes it started
-for ``emulated://`` endpoints, the health-probe task, and each endpoint's mutable live state
-(health, consecutive failures, in-flight count). The router never sees this object: it gets
-an immutable ``Snapshot`` from ``snapshot()``.
+for ``emulated://`` endpoints (handed over to the next generation on reload when the same
+source is still configured), the ``LiveFleet`` state the router reads snapshots of, and the
+collector task. The clock is injected (``time.monotonic`` by default).
 
-Health states: ``pending`` until the first probe answers, ``ready`` after a successful probe,
-``not_ready`` after ``FAILS_TO_NOT_READY`` failed probes in a row, or at once when a relay
-attempt cannot even connect (a refused port is unambiguous). A ready probe brings it back.
-
-May touch: backends (probes, emulator launcher), asyncio tasks. Must not touch: HTTP routes.
+May touch: backends (endpoints, emulator launcher), routing live state, asyncio tasks.
+Must not touch: HTTP routes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass, replace
+import time
+from collections.abc import Callable
+from dataclasses import replace
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
 
 from fleetgate.backends.emulator import EmulatorHandle, start_emulator
 from fleetgate.backends.endpoints import Endpoint, fleet_endpoints
-from fleetgate.backends.health import probe
 from fleetgate.config.schema import FleetConfig
-from fleetgate.routing.types import EndpointView, Health, Snapshot
+from fleetgate.gateway.collector import Collector
+from fleetgate.routing import EndpointInfo, LiveFleet, Snapshot, endpoint_prior
 
 log = logging.getLogger("fleetgate.fleet")
 
-FAILS_TO_NOT_READY = 2
-
-
-@dataclass(slots=True)
-class LiveEndpoint:
-    endpoint: Endpoint
-    health: Health = "pending"
-    failed_probes: int = 0
-    last_probe: str = ""
-    in_flight: int = 0
-
-    def view(self) -> EndpointView:
-        ep = self.endpoint
-        return EndpointView(
-            id=ep.id, pool=ep.pool, url=ep.url, engine=ep.engine.name,
-            accelerator=ep.accelerator, vendor=ep.vendor, models=ep.models,
-            price_per_replica_hour=ep.price_per_replica_hour, health=self.health,
-            in_flight=self.in_flight,
-        )
+Clock = Callable[[], float]
 
 
 class Fleet:
-    def __init__(self, config: FleetConfig, http: httpx.AsyncClient,
-                 health_interval_s: float = 1.0) -> None:
+    def __init__(self, config: FleetConfig, http: httpx.AsyncClient, *,
+                 interval_s: float = 1.0, stale_after_s: float = 10.0,
+                 clock: Clock = time.monotonic) -> None:
         self.config = config
+        self.clock = clock
         self._http = http
-        self._interval = health_interval_s
-        self._emulators: list[EmulatorHandle] = []
+        self._interval = interval_s
+        self._stale_after = stale_after_s
+        self.endpoints: list[Endpoint] = fleet_endpoints(config)
+        self.emulators: dict[str, EmulatorHandle] = {}  # keyed by endpoint source + models
+        self.live: LiveFleet = self._build_live()
+        self.collector: Collector | None = None
         self._task: asyncio.Task[None] | None = None
-        self.live: dict[str, LiveEndpoint] = {
-            ep.id: LiveEndpoint(ep) for ep in fleet_endpoints(config)
-        }
 
-    async def start(self) -> None:
-        await self._start_emulators()
-        await self.probe_all()
-        self._task = asyncio.create_task(self._health_loop(), name="fleetgate-health")
+    async def start(self, adopt: dict[str, EmulatorHandle] | None = None) -> None:
+        """Start emulated engines (adopting running ones), probe once, start collecting."""
+        await self._start_emulators(adopt or {})
+        self.live = self._build_live()
+        self.collector = Collector(self.endpoints, self.live, self._http, self.clock)
+        await self.collector.tick()
+        self._task = asyncio.create_task(self.collector.run(self._interval),
+                                         name="fleetgate-collector")
 
-    async def stop(self) -> None:
+    async def stop(self, keep: set[str] | None = None) -> None:
+        """Stop collecting and every emulated engine except the sources in ``keep``."""
         if self._task:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        await asyncio.gather(*(h.stop() for h in self._emulators), return_exceptions=True)
-        self._emulators.clear()
+        doomed = [h for key, h in self.emulators.items() if key not in (keep or set())]
+        await asyncio.gather(*(h.stop() for h in doomed), return_exceptions=True)
 
     def snapshot(self) -> Snapshot:
-        return Snapshot(tuple(le.view() for le in self.live.values()))
+        return self.live.snapshot(self.clock())
 
-    def ready_count(self) -> int:
-        return sum(1 for le in self.live.values() if le.health == "ready")
+    def index(self, endpoint_id: str) -> int:
+        return self.live.index[endpoint_id]
 
-    def connect_failed(self, endpoint_id: str) -> None:
-        le = self.live.get(endpoint_id)
-        if le is not None and le.health != "not_ready":
-            log.warning("endpoint %s refused a connection: marked not ready", endpoint_id)
-            le.health, le.last_probe = "not_ready", "connect refused (relay)"
+    def _build_live(self) -> LiveFleet:
+        pools = {p.name: p for p in self.config.pools}
+        infos, priors = [], []
+        for ep in self.endpoints:
+            query = _query(ep.source)
+            scale = 1.0 / float(query.get("speed", 1.0)) if ep.is_emulated else 1.0
+            served = next(iter(ep.models.values()))
+            priors.append(endpoint_prior(ep.accelerator, served, ep.gpus_per_replica,
+                                         query.get("stack", "stock"), scale,
+                                         pools[ep.pool].max_model_len))
+            infos.append(EndpointInfo(ep.id, ep.pool, ep.url, ep.engine.name, ep.accelerator,
+                                      ep.vendor, ep.models, ep.labels, ep.price_per_replica_hour,
+                                      ep.gpus_per_replica))
+        return LiveFleet(infos, priors, stale_after_s=self._stale_after)
 
-    async def probe_all(self) -> None:
-        await asyncio.gather(*(self._probe(le) for le in self.live.values()))
-
-    async def _probe(self, le: LiveEndpoint) -> None:
-        if not le.endpoint.url:
-            return
-        result = await probe(self._http, le.endpoint.url, le.endpoint.engine)
-        le.last_probe = result.detail
-        if result.ok:
-            if le.health != "ready":
-                log.info("endpoint %s is ready", le.endpoint.id)
-            le.health, le.failed_probes = "ready", 0
-            return
-        le.failed_probes += 1
-        if le.failed_probes >= FAILS_TO_NOT_READY and le.health != "not_ready":
-            log.warning("endpoint %s not ready: %s", le.endpoint.id, result.detail)
-            le.health = "not_ready"
-
-    async def _health_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self._interval)
-            try:
-                await self.probe_all()
-            except Exception:  # a probe bug must not end health checking
-                log.exception("health probe round failed")
-
-    async def _start_emulators(self) -> None:
-        pending = [le for le in self.live.values() if le.endpoint.is_emulated]
-        results = await asyncio.gather(*(_launch(le.endpoint) for le in pending),
+    async def _start_emulators(self, adopt: dict[str, EmulatorHandle]) -> None:
+        wanted = {_emulator_key(ep): ep for ep in self.endpoints if ep.is_emulated}
+        self.emulators = {k: h for k, h in adopt.items() if k in wanted}
+        missing = [k for k in wanted if k not in self.emulators]
+        results = await asyncio.gather(*(_launch(wanted[k]) for k in missing),
                                        return_exceptions=True)
-        self._emulators = [h for h in results if not isinstance(h, BaseException)]
+        for key, result in zip(missing, results, strict=True):
+            if not isinstance(result, BaseException):
+                self.emulators[key] = result
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
-            await self.stop()
+            await self.stop(keep=set(adopt))
             raise RuntimeError(f"could not start emulated engines: {failed[0]}") from failed[0]
-        for le, handle in zip(pending, self._emulators, strict=True):
-            le.endpoint = replace(le.endpoint, url=handle.url)
-            log.info("started %s for %s at %s", le.endpoint.source, le.endpoint.id, handle.url)
+        self.endpoints = [replace(ep, url=self.emulators[_emulator_key(ep)].url)
+                          if ep.is_emulated else ep for ep in self.endpoints]
+        for key in missing:
+            log.info("started emulated engine %s at %s", key, self.emulators[key].url)
+
+
+def _emulator_key(ep: Endpoint) -> str:
+    return f"{ep.id}|{ep.source}|{','.join(sorted(set(ep.models.values())))}"
+
+
+def _query(source: str) -> dict[str, str]:
+    return {k: v[-1] for k, v in parse_qs(urlsplit(source).query).items()}
 
 
 async def _launch(ep: Endpoint) -> EmulatorHandle:
     parts = urlsplit(ep.source)
-    query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    query = _query(ep.source)
     return await start_emulator(
         engine=parts.netloc,
         gpu=parts.path.strip("/"),

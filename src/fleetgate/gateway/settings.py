@@ -5,7 +5,8 @@
 | FLEETGATE_CONFIG | embedded default | fleet config file |
 | FLEETGATE_HOST / FLEETGATE_PORT | 127.0.0.1 / 8080 | listen address |
 | FLEETGATE_MAX_BODY_BYTES | 8388608 | request body limit (413 beyond) |
-| FLEETGATE_HEALTH_INTERVAL_S | 1.0 | engine health probe interval |
+| FLEETGATE_HEALTH_INTERVAL_S | 1.0 | health probe and /metrics scrape interval |
+| FLEETGATE_STALE_AFTER_S | 10 | an endpoint silent this long is not routed to |
 | FLEETGATE_CONNECT_TIMEOUT_S | 3 | upstream TCP connect |
 | FLEETGATE_READ_TIMEOUT_S | 120 | upstream first byte and idle gap between chunks |
 | FLEETGATE_TOTAL_TIMEOUT_S | 600 | whole upstream exchange |
@@ -31,6 +32,7 @@ class Settings(BaseModel):
     port: int = Field(default=8080, ge=0, le=65535)
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     health_interval_s: float = Field(default=1.0, gt=0)
+    stale_after_s: float = Field(default=10.0, gt=0)
     connect_timeout_s: float = Field(default=3.0, gt=0)
     read_timeout_s: float = Field(default=120.0, gt=0)
     total_timeout_s: float = Field(default=600.0, gt=0)

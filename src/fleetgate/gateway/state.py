@@ -1,27 +1,69 @@
-"""What one running gateway holds: settings, the fleet, the router, the services.
+"""What one running gateway holds, and the reload that swaps a whole generation at once.
 
-Built by the lifespan in ``app.py`` and hung on ``app.state.fleetgate``; never global.
+``AppState`` is built by the lifespan in ``app.py`` and hung on ``app.state.fleetgate``;
+never global. ``generation`` (config + fleet + router) is replaced as one reference on
+reload: requests already routed finish on the generation they started with.
 
-May touch: gateway services. Must not touch: HTTP routes.
+Reload: load and validate the file, build every policy pipeline, start the new fleet
+(adopting the emulated engines that are still configured, probing every endpoint once),
+then swap and stop the old fleet. Any failure before the swap leaves the running
+generation serving and is reported with its YAML paths.
+
+May touch: config loader, routing builders, gateway services. Must not touch: HTTP routes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import asyncio
+import logging
+from dataclasses import dataclass
 
-from fleetgate.config.schema import FleetConfig
-from fleetgate.gateway.chat import ChatService
+import httpx
+
+from fleetgate.config import ConfigError, FleetConfig, default_config_path, load_config
+from fleetgate.gateway.chat import ChatService, Generation
 from fleetgate.gateway.fleet import Fleet
 from fleetgate.gateway.settings import Settings
-from fleetgate.routing import Router
+from fleetgate.routing import PolicyError, Router, build_router
+
+log = logging.getLogger("fleetgate")
 
 
 @dataclass(slots=True)
 class AppState:
     settings: Settings
     config: FleetConfig
-    fleet: Fleet
-    router: Router
+    generation: Generation
     chat: ChatService
+    http: httpx.AsyncClient
     started_at: float
-    models: frozenset[str] = field(default_factory=frozenset)
+    models: frozenset[str]
+    reload_lock: asyncio.Lock
+
+    async def reload(self) -> FleetConfig:
+        """Re-read the config file; raises ConfigError (nothing changed) when it is bad."""
+        async with self.reload_lock:
+            path = self.settings.config_path or default_config_path()
+            config = load_config(path)
+            old = self.generation
+            gen = await build_generation(config, self.settings, self.http,
+                                         adopt=old.fleet.emulators)
+            self.generation, self.config = gen, config
+            self.models = frozenset(config.public_models())
+            await old.fleet.stop(keep=set(gen.fleet.emulators))
+            log.info("reloaded %s: %d pools, policies %s", path, len(config.pools),
+                     ", ".join(config.policies))
+            return config
+
+
+async def build_generation(config: FleetConfig, settings: Settings, http: httpx.AsyncClient,
+                           router: Router | None = None, adopt: dict | None = None) -> Generation:
+    try:
+        router = router or build_router(config, stale_after_s=settings.stale_after_s)
+    except PolicyError as exc:
+        raise ConfigError(str(settings.config_path or "config"), exc.errors) from None
+    fleet = Fleet(config, http, interval_s=settings.health_interval_s,
+                  stale_after_s=settings.stale_after_s)
+    await fleet.start(adopt)
+    attempts = {name: p.max_attempts for name, p in config.policies.items()}
+    return Generation(fleet, router, attempts)

@@ -1,10 +1,13 @@
 """Routing: pure decisions from a request and an immutable snapshot of endpoint state."""
 
-from fleetgate.routing.router import RoundRobinRouter, Router
+from fleetgate.routing.live import LiveFleet
+from fleetgate.routing.policies import PolicyError, PolicyRouter, build_router
+from fleetgate.routing.prior import Prior, endpoint_prior
+from fleetgate.routing.router import Router
 from fleetgate.routing.types import (
     Candidate,
     Decision,
-    EndpointView,
+    EndpointInfo,
     RoutingRequest,
     Snapshot,
 )
@@ -12,9 +15,14 @@ from fleetgate.routing.types import (
 __all__ = [
     "Candidate",
     "Decision",
-    "EndpointView",
-    "RoundRobinRouter",
+    "EndpointInfo",
+    "LiveFleet",
+    "PolicyError",
+    "PolicyRouter",
+    "Prior",
     "Router",
     "RoutingRequest",
     "Snapshot",
+    "build_router",
+    "endpoint_prior",
 ]

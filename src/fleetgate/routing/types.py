@@ -1,19 +1,29 @@
-"""The values the router works on: a request's routing facts, an endpoint snapshot, a decision.
+"""The values the router works on: a request's routing facts, a fleet snapshot, a decision.
 
-All frozen: the router reads an immutable snapshot and returns a ``Decision`` that keeps
-every candidate's per-scorer scores, so any choice can be explained later (admin API,
-traces, dashboard). Nothing here does I/O or reads a clock.
+A ``Snapshot`` is columnar: per-endpoint numbers live in numpy arrays indexed like
+``Snapshot.endpoints``, so scoring 1,000 endpoints is a handful of vector operations rather
+than 1,000 Python loops (decision time is a product requirement: BENCHMARKS.md). The arrays
+are copies: a snapshot never changes after it is taken. A ``Decision`` keeps every
+candidate's per-scorer scores, so any choice can be explained later (admin API, traces).
 
-May touch: dataclasses only. Must not touch: HTTP, asyncio, the gateway.
+May touch: numpy, dataclasses. Must not touch: HTTP, asyncio, clocks, the gateway.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
 
 Health = Literal["pending", "ready", "not_ready"]
+HEALTH_CODES: dict[Health, int] = {"pending": 0, "ready": 1, "not_ready": 2}
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.intp]
+BoolArray = npt.NDArray[np.bool_]
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,12 +37,22 @@ class RoutingRequest:
     headers: Mapping[str, str] = field(default_factory=dict)
     user: str | None = None
     tenant: str | None = None
-    policy: str | None = None  # asked for by name (x-fleetgate-policy), already authorised
+    policy: str | None = None  # asked for by name (x-fleetgate-policy)
+
+    @property
+    def prompt_tokens_estimate(self) -> int:
+        """~4 characters a token plus chat-template overhead (the engines count exactly)."""
+        return self.prompt_chars // 4 + 8
+
+    @property
+    def session_key(self) -> str | None:
+        return self.headers.get("x-session-id") or self.headers.get("x-fleetgate-session") \
+            or self.user
 
 
 @dataclass(frozen=True, slots=True)
-class EndpointView:
-    """One endpoint as the router sees it at one instant."""
+class EndpointInfo:
+    """Who an endpoint is (static for one config) plus its performance prior."""
 
     id: str
     pool: str
@@ -41,40 +61,129 @@ class EndpointView:
     accelerator: str
     vendor: str
     models: Mapping[str, str]  # public -> served
+    labels: Mapping[str, str]
     price_per_replica_hour: float
-    health: Health = "pending"
-    breaker_open: bool = False
-    in_flight: int = 0
+    gpus_per_replica: int = 1
 
-    def serves(self, model: str) -> bool:
-        return model in self.models
+
+LIVE_COLUMNS = ("in_flight", "queued", "running", "kv_usage", "ttft_s", "tpot_s",
+                "tokens_per_s", "k_tpot", "k_ttft", "health", "block_until", "last_contact",
+                "error_rate")
+STATIC_COLUMNS = ("step_base_s", "step_per_ctx_token_s", "prefill_s_per_token",
+                  "kv_capacity_tokens", "max_batch", "max_model_len", "usd_per_s")
+LIVE_ROW = {name: i for i, name in enumerate(LIVE_COLUMNS)}
+STATIC_ROW = {name: i for i, name in enumerate(STATIC_COLUMNS)}
 
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """An immutable view of the fleet, taken once per request."""
+    """The fleet at one instant. Matrix columns are indexed like ``endpoints``.
 
-    endpoints: tuple[EndpointView, ...]
+    ``live`` (a copy, one row per LIVE_COLUMNS name; NaN = unknown): ``in_flight`` (this
+    gateway's dispatched, unfinished requests), ``queued`` (engine waiting queue from the
+    last scrape plus dispatches since), ``running``, ``kv_usage`` (0..1), ``ttft_s``/``tpot_s``
+    (measured EWMAs), ``tokens_per_s`` (measured output throughput), ``k_tpot``/``k_ttft``
+    (learned corrections of the prior), ``health`` (HEALTH_CODES), ``block_until`` (breaker),
+    ``last_contact``, ``error_rate``. ``static`` (read-only, one row per STATIC_COLUMNS name):
+    the performance prior and the replica's price per second.
+    """
+
+    endpoints: tuple[EndpointInfo, ...]
+    by_model: Mapping[str, IntArray]
+    live: FloatArray
+    static: FloatArray
     taken_at: float = 0.0
+
+    def col(self, name: str) -> Any:
+        row = LIVE_ROW.get(name)
+        return self.live[row] if row is not None else self.static[STATIC_ROW[name]]
 
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
-    endpoint: EndpointView
+    endpoint: EndpointInfo
     score: float
     scores: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """The router's answer: endpoints best-first (the tail is the retry order)."""
+    """The router's answer: candidate endpoints best-first (the tail is the retry order).
+
+    Candidates are ``endpoints[idx[k]]``; ``order`` lists k best-first; ``total``, every
+    array in ``scores`` (scorer name -> score in [0,1]) and in ``estimates`` (ttft_s,
+    tpot_s, usd_per_mtok, ...) are aligned with ``idx``. Nothing is materialised per
+    candidate until asked: a decision over 1,000 endpoints stays cheap.
+    """
 
     policy: str
     model: str
-    ranked: tuple[Candidate, ...]
     reason: str
+    endpoints: tuple[EndpointInfo, ...] = ()
+    idx: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.intp))
+    order: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.intp))
+    total: FloatArray | None = None
+    scores: Mapping[str, FloatArray] = field(default_factory=dict)
+    estimates: Any = None  # routing.estimate.Estimates (lazy): est["ttft_s"] etc.
     rejected: Mapping[str, str] = field(default_factory=dict)  # endpoint id -> why filtered
+    alive: BoolArray | None = None  # candidates that passed every filter
 
     @property
-    def chosen(self) -> Candidate | None:
-        return self.ranked[0] if self.ranked else None
+    def ranked(self) -> tuple[Candidate, ...]:
+        """Every eligible candidate: the picker's order first, then the rest by score."""
+        return tuple(self.candidate(int(k)) for k in self.full_order())
+
+    def full_order(self) -> list[int]:
+        head = [int(k) for k in self.order]
+        if self.total is None or self.alive is None:
+            return head
+        rest = [int(k) for k in np.argsort(-self.total, kind="stable")
+                if self.alive[k] and int(k) not in head]
+        return head + rest
+
+    def ranked_endpoints(self, limit: int) -> list[EndpointInfo]:
+        return [self.endpoints[self.idx[k]] for k in self.order[:limit]]
+
+    @property
+    def chosen(self) -> EndpointInfo | None:
+        return self.endpoints[self.idx[self.order[0]]] if len(self.order) else None
+
+    def candidate(self, k: int) -> Candidate:
+        total = float(self.total[k]) if self.total is not None else 0.0
+        return Candidate(self.endpoints[self.idx[k]], total,
+                         {name: float(v[k]) for name, v in self.scores.items()})
+
+    def estimate(self, name: str, endpoint_id: str | None = None) -> float | None:
+        """An estimate for the chosen endpoint (or the named candidate); None if unknown."""
+        if self.estimates is None or not len(self.order):
+            return None
+        arr = self.estimates[name]
+        k = int(self.order[0])
+        if endpoint_id is not None:
+            found = [j for j, i in enumerate(self.idx) if self.endpoints[i].id == endpoint_id]
+            if not found:
+                return None
+            k = found[0]
+        value = float(arr[k])
+        return None if math.isnan(value) or math.isinf(value) else value
+
+    def explain(self, limit: int | None = None) -> dict[str, Any]:
+        """Every candidate with every score and estimate, best first (for /admin/decisions)."""
+        rows = []
+        estimates = self.estimates.as_dict() if self.estimates is not None else {}
+        for rank, k in enumerate(self.full_order()[:limit]):
+            c = self.candidate(k)
+            rows.append({
+                "rank": rank, "endpoint": c.endpoint.id, "pool": c.endpoint.pool,
+                "accelerator": c.endpoint.accelerator, "score": _num(c.score),
+                "scores": {name: _num(v) for name, v in c.scores.items()},
+                "estimates": {name: _num(float(v[k])) for name, v in estimates.items()},
+            })
+        chosen = self.chosen
+        return {"policy": self.policy, "model": self.model, "reason": self.reason,
+                "chosen": chosen.id if chosen else None, "candidates": rows,
+                "rejected": dict(self.rejected)}
+
+
+def _num(value: float) -> float | None:
+    return None if math.isnan(value) or math.isinf(value) else round(value, 6)

@@ -22,8 +22,9 @@ async def readyz(request: Request) -> Response:
     state: AppState | None = getattr(request.app.state, "fleetgate", None)
     if state is None:
         return json_ok({"status": "starting"}, status=503)
-    ready = state.fleet.ready_count()
-    total = len(state.fleet.live)
+    fleet = state.generation.fleet
+    ready = fleet.live.ready_count()
+    total = len(fleet.endpoints)
     body = {"status": "ready" if ready else "not_ready", "endpoints_ready": ready,
             "endpoints_total": total}
     return json_ok(body, status=200 if ready else 503)

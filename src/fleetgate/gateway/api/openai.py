@@ -25,7 +25,7 @@ from fleetgate.gateway.api.parse import (
     wants_usage,
 )
 from fleetgate.gateway.chat import PreparedRequest
-from fleetgate.gateway.errors import NotFound
+from fleetgate.gateway.errors import BadRequest, NotFound
 from fleetgate.gateway.state import AppState
 
 
@@ -34,6 +34,9 @@ async def _proxy(request: Request, path: str) -> Response:
     request.state.request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
     body = decode_json(await read_body(request, state.settings.max_body_bytes))
     routing = routing_request(path, body, request)
+    if routing.policy is not None and routing.policy not in state.config.policies:
+        raise BadRequest(f"unknown policy {routing.policy!r} in x-fleetgate-policy; known: "
+                         f"{', '.join(state.config.policies)}", param="x-fleetgate-policy")
     if routing.model not in state.models:
         raise NotFound(f"The model '{routing.model}' does not exist. Available: "
                        f"{', '.join(sorted(state.models))}", param="model")

@@ -1,0 +1,37 @@
+"""Emulated vLLM 0.33 / SGLang 0.5.23 engine servers for tests, demos and experiments.
+
+Same endpoints, SSE framing, usage chunk, error shapes and ``/metrics`` names as the real
+engines, over a continuous-batching performance model per GPU (perfmodel.py, using the GPU
+catalog in fleetgate.backends.hardware). Module map:
+
+* ``config``   - ``EmulatorConfig`` (validated settings, engine defaults)
+* ``perfmodel``- ``EngineSim``: the pure scheduler + roofline step cost
+* ``runtime``  - the asyncio engine loop feeding per-request queues
+* ``parsing``  - request validation and token counting per engine
+* ``formats``  - chunk / response / error bodies per engine
+* ``metrics``  - Prometheus exposition per engine (private registry)
+* ``faults``   - run-time fault injection (``/emulator/faults``)
+* ``server``   - the Starlette app (``create_emulator_app``) and the ``/emulator/*`` surface
+* ``launcher`` - ``run_emulator`` (this process) and ``start_emulator`` (a child process)
+
+Public API: ``EmulatorConfig``, ``create_emulator_app``, ``run_emulator``, ``start_emulator``,
+``EmulatorHandle``. May touch: fleetgate.backends.hardware only, outside this package.
+"""
+
+from fleetgate.backends.emulator.config import EmulatorConfig
+from fleetgate.backends.emulator.launcher import (
+    READY_PREFIX,
+    EmulatorHandle,
+    run_emulator,
+    start_emulator,
+)
+from fleetgate.backends.emulator.server import create_emulator_app
+
+__all__ = [
+    "READY_PREFIX",
+    "EmulatorConfig",
+    "EmulatorHandle",
+    "create_emulator_app",
+    "run_emulator",
+    "start_emulator",
+]

@@ -1,0 +1,57 @@
+"""What both emulated engines' ``/metrics`` share: the snapshot types and the hook protocol.
+
+The per-engine families live in metrics_vllm.py (vLLM 0.33, engines.md §1.1-1.2) and
+metrics_sglang.py (SGLang 0.5.23, §2.1-2.2). Each emulator owns a private
+``CollectorRegistry`` (never the global one); the engine loop calls the hooks as tokens and
+requests finish, gauges are set from an ``EngineGauges`` snapshot at scrape time.
+
+Deviations from the real engines: only the families a gateway or dashboard reads are
+emitted (no prefix-cache detail, LoRA, speculative decoding, PD or HTTP-instrumentator
+families); SGLang's metrics are always on (the real server needs ``--enable-metrics``) and its
+gauges are fresh at every scrape (the real ones lag up to ~40 decode steps).
+
+May touch: prometheus_client. Must not touch: the engine, asyncio, HTTP.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class EngineGauges:
+    """A snapshot of the engine for gauges, read at scrape time."""
+
+    running: int
+    waiting: int
+    kv_usage: float
+    kv_used_tokens: int
+    kv_capacity_tokens: int
+    gen_throughput: float
+    preemptions_total: int
+
+
+@dataclass(frozen=True)
+class FinishedRequest:
+    e2e_s: float
+    tpot_s: float | None  # mean time per output token after the first (None for 1 token)
+    prompt_tokens: int
+    completion_tokens: int
+    max_tokens: int
+    finish_reason: str
+    streaming: bool
+
+
+class EngineMetrics(Protocol):
+    def on_first_token(self, ttft_s: float, prompt_tokens: int, streaming: bool) -> None: ...
+
+    def on_token(self, itl_s: float | None) -> None: ...
+
+    def on_finish(self, done: FinishedRequest) -> None: ...
+
+    def on_rejected(self) -> None: ...
+
+    def on_step(self, tokens: int) -> None: ...
+
+    def render(self, accept: str, gauges: EngineGauges) -> tuple[bytes, str]: ...

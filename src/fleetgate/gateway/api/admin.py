@@ -1,0 +1,110 @@
+"""Admin routes: live endpoint state, recent decisions, config reload.
+
+- ``GET /admin/endpoints``: every endpoint's health, breaker, queue, in-flight, TTFT/TPOT
+  (EWMA and p50/p95), measured tokens/s, the learned prior corrections, and its price as
+  $/Mtok (replica $/s over measured tokens/s) and tokens per $; then the same per pool.
+- ``GET /admin/decisions?limit=N``: the last N routing decisions, newest first, with every
+  candidate's per-scorer scores and estimates, the chosen endpoint and the reason.
+- ``POST /admin/reload``: re-read the config; a bad file changes nothing and the answer
+  lists each error with its YAML path (HTTP 400).
+
+May touch: starlette, the app state. Must not touch: backends.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from fleetgate.config import ConfigError
+from fleetgate.gateway.api.openai import json_ok
+from fleetgate.gateway.errors import BadRequest, envelope
+from fleetgate.gateway.state import AppState
+
+
+def _state(request: Request) -> AppState:
+    state: AppState = request.app.state.fleetgate
+    return state
+
+
+def endpoint_rows(state: AppState) -> list[dict[str, Any]]:
+    fleet = state.generation.fleet
+    now = fleet.clock()
+    rows = []
+    for i, ep in enumerate(fleet.endpoints):
+        row: dict[str, Any] = {
+            "id": ep.id, "pool": ep.pool, "url": ep.url, "source": ep.source,
+            "engine": ep.engine.name, "accelerator": ep.accelerator, "vendor": ep.vendor,
+            "runtime": ep.runtime, "gpus_per_replica": ep.gpus_per_replica,
+            "price_per_gpu_hour": ep.price_per_gpu_hour, "models": dict(ep.models),
+        }
+        row.update(fleet.live.describe(i, now))
+        row.update(_unit_costs(ep.price_per_replica_hour, row.get("tokens_per_s")))
+        rows.append(row)
+    return rows
+
+
+def _unit_costs(usd_per_hour: float, tokens_per_s: float | None) -> dict[str, float | None]:
+    if not tokens_per_s:
+        return {"usd_per_mtok": None, "tokens_per_usd": None}
+    usd_per_token = usd_per_hour / 3600.0 / tokens_per_s
+    return {"usd_per_mtok": round(usd_per_token * 1e6, 6),
+            "tokens_per_usd": round(1.0 / usd_per_token, 1)}
+
+
+def pool_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    pools: dict[str, dict[str, Any]] = defaultdict(lambda: {
+        "endpoints": 0, "ready": 0, "in_flight": 0.0, "tokens_per_s": 0.0,
+        "usd_per_hour": 0.0})
+    for r in rows:
+        p = pools[r["pool"]]
+        p.update(accelerator=r["accelerator"], vendor=r["vendor"], engine=r["engine"])
+        p["endpoints"] += 1
+        p["ready"] += r["health"] == "ready"
+        p["in_flight"] += r["in_flight"] or 0.0
+        p["tokens_per_s"] += r["tokens_per_s"] or 0.0
+        p["usd_per_hour"] += r["price_per_gpu_hour"] * r["gpus_per_replica"]
+    out = []
+    for name, p in pools.items():
+        p.update(_unit_costs(p["usd_per_hour"], p["tokens_per_s"] or None))
+        out.append({"pool": name, **p})
+    return out
+
+
+async def endpoints(request: Request) -> Response:
+    rows = endpoint_rows(_state(request))
+    return json_ok({"endpoints": rows, "pools": pool_rows(rows)})
+
+
+async def decisions(request: Request) -> Response:
+    raw = request.query_params.get("limit", "20")
+    if not raw.isdigit() or not 1 <= int(raw) <= 1000:
+        raise BadRequest("'limit' must be an integer from 1 to 1000", param="limit")
+    return json_ok({"decisions": _state(request).chat.decisions.latest(int(raw))})
+
+
+async def reload(request: Request) -> Response:
+    state = _state(request)
+    try:
+        config = await state.reload()
+    except ConfigError as exc:
+        body = envelope(400, f"config rejected, still serving the previous one: {exc.source}",
+                        type_="invalid_config", code="invalid_config")
+        body["error"]["errors"] = exc.errors
+        return json_ok(body, status=400)
+    except RuntimeError as exc:  # e.g. an emulated engine failed to start
+        body = envelope(503, f"reload failed, still serving the previous config: {exc}")
+        return json_ok(body, status=503)
+    return json_ok({"status": "reloaded", "pools": [p.name for p in config.pools],
+                    "policies": list(config.policies), "models": config.public_models()})
+
+
+routes = [
+    Route("/admin/endpoints", endpoints, methods=["GET"]),
+    Route("/admin/decisions", decisions, methods=["GET"]),
+    Route("/admin/reload", reload, methods=["POST"]),
+]

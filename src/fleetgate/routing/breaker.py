@@ -1,0 +1,82 @@
+"""Per-endpoint circuit breaker and health state machine; time is always passed in.
+
+Breaker: ``closed`` -> ``open`` after ``failure_threshold`` consecutive failures; after
+``cooldown_s`` it lets exactly one probe request through (``half_open``); that request's
+success closes it, its failure re-opens it for another cooldown. Counted as failures:
+connect errors, timeouts, 5xx and in-band 503s; client errors (4xx) are not the engine's
+fault and do not count.
+
+Health: ``pending`` until the first probe answers; ``ready`` after a successful probe;
+``not_ready`` after ``fails_to_not_ready`` failed probes in a row, or at once on a refused
+connection (unambiguous). One successful probe makes it ``ready`` again.
+
+May touch: nothing but its own state. Must not read a clock (callers pass ``now``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from fleetgate.routing.types import Health
+
+BreakerState = Literal["closed", "open", "half_open"]
+
+
+@dataclass(slots=True)
+class CircuitBreaker:
+    failure_threshold: int = 5
+    cooldown_s: float = 5.0
+    state: BreakerState = "closed"
+    consecutive_failures: int = 0
+    opened_at: float = 0.0
+    probe_in_flight: bool = False
+
+    def allows(self, now: float) -> bool:
+        """Whether routing may pick this endpoint now (no state change)."""
+        if self.state == "closed":
+            return True
+        if self.state == "open":
+            return now - self.opened_at >= self.cooldown_s
+        return not self.probe_in_flight
+
+    def on_dispatch(self, now: float) -> None:
+        if self.state == "open" and now - self.opened_at >= self.cooldown_s:
+            self.state = "half_open"
+        if self.state == "half_open":
+            self.probe_in_flight = True
+
+    def on_success(self) -> None:
+        self.state, self.consecutive_failures, self.probe_in_flight = "closed", 0, False
+
+    def on_failure(self, now: float) -> None:
+        self.consecutive_failures += 1
+        self.probe_in_flight = False
+        if self.state == "half_open" or self.consecutive_failures >= self.failure_threshold:
+            self.state, self.opened_at = "open", now
+
+
+@dataclass(slots=True)
+class HealthTracker:
+    fails_to_not_ready: int = 2
+    state: Health = "pending"
+    failed_probes: int = 0
+    detail: str = ""
+
+    def on_probe(self, ok: bool, detail: str) -> bool:
+        """Record a probe; True when the state changed."""
+        before = self.state
+        self.detail = detail
+        if ok:
+            self.state, self.failed_probes = "ready", 0
+        else:
+            self.failed_probes += 1
+            if self.failed_probes >= self.fails_to_not_ready:
+                self.state = "not_ready"
+        return self.state != before
+
+    def on_refused(self, detail: str) -> bool:
+        before = self.state
+        self.state, self.detail = "not_ready", detail
+        self.failed_probes = max(self.failed_probes, self.fails_to_not_ready)
+        return self.state != before

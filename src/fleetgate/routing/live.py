@@ -1,0 +1,236 @@
+"""Live endpoint state: the gateway's own measurements plus scraped engine load, per endpoint.
+
+``LiveFleet`` is written by the gateway (dispatch, first token, finish, failure, scrape,
+probe) and read by the router through ``snapshot(now)``, an immutable copy. Every method
+takes ``now`` from the caller, so tests drive it with a fake clock.
+
+What it keeps, per endpoint:
+- ``in_flight``: requests this gateway dispatched and has not seen finish (instant, exact).
+- ``queued``: the engine's waiting queue from the last scrape plus requests dispatched since
+  (scrapes are seconds stale; our own dispatches are not).
+- ``running``, ``kv_usage``: last scrape. Unknown (NaN) when the engine exports no metrics or
+  the scrape is stale, never 0.
+- EWMAs (alpha 0.2) of TTFT, TPOT (time per output token after the first), end-to-end
+  latency, error rate, and the engine's output tokens/s (from counter deltas between
+  scrapes); a window of the last 256 TTFT/TPOT samples for percentiles.
+- ``k_ttft``/``k_tpot``: learned corrections of the physics prior, updated with the ratio
+  of each measured value to the value the router predicted for that request.
+- the breaker (``block_until``: routing skips it until then) and the health state.
+
+Capacity is normalised across GPU types by the prior: KV headroom is in tokens
+(``(1 - kv_usage) * kv_capacity_tokens``), not a percentage of 80 GB vs 288 GB.
+
+May touch: numpy, routing types, breaker/health. Must not touch: I/O, asyncio, clocks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fleetgate.routing.breaker import CircuitBreaker, HealthTracker
+from fleetgate.routing.prior import Prior
+from fleetgate.routing.types import (
+    HEALTH_CODES,
+    LIVE_COLUMNS,
+    LIVE_ROW,
+    STATIC_COLUMNS,
+    EndpointInfo,
+    Snapshot,
+)
+
+ALPHA = 0.2
+K_LIMITS = (0.02, 50.0)
+_ROW = LIVE_ROW
+
+
+@dataclass(slots=True)
+class EndpointStats:
+    """Per-endpoint scalars that do not need to be columns."""
+
+    breaker: CircuitBreaker
+    health: HealthTracker = field(default_factory=HealthTracker)
+    dispatched_since_scrape: int = 0
+    scraped_waiting: float = math.nan
+    last_scrape_at: float = -math.inf
+    last_gen_total: float = math.nan
+    e2e_s: float = math.nan
+    requests: int = 0
+    failures: int = 0
+    output_tokens: int = 0
+    ttft_window: deque[float] = field(default_factory=lambda: deque(maxlen=256))
+    tpot_window: deque[float] = field(default_factory=lambda: deque(maxlen=256))
+
+
+class LiveFleet:
+    def __init__(self, endpoints: Sequence[EndpointInfo], priors: Sequence[Prior],
+                 breaker_threshold: int = 5, breaker_cooldown_s: float = 5.0,
+                 stale_after_s: float = 10.0) -> None:
+        self.endpoints = tuple(endpoints)
+        self.index = {ep.id: i for i, ep in enumerate(self.endpoints)}
+        n = len(self.endpoints)
+        self._live = np.full((len(LIVE_COLUMNS), n), np.nan)
+        for name in ("in_flight", "queued", "health", "block_until", "error_rate"):
+            self._live[_ROW[name]] = 0.0
+        self._live[_ROW["k_tpot"]] = self._live[_ROW["k_ttft"]] = 1.0
+        self._live[_ROW["last_contact"]] = -np.inf
+        usd_per_s = [ep.price_per_replica_hour / 3600.0 for ep in self.endpoints]
+        self._static = np.array([usd_per_s if name == "usd_per_s" else
+                                 [getattr(p, name) for p in priors] for name in STATIC_COLUMNS],
+                                dtype=float).reshape(len(STATIC_COLUMNS), n)
+        self._static.setflags(write=False)
+        self.stale_after_s = stale_after_s
+        self.stats = [EndpointStats(CircuitBreaker(breaker_threshold, breaker_cooldown_s))
+                      for _ in self.endpoints]
+        models = sorted({m for ep in self.endpoints for m in ep.models})
+        self._by_model = {m: np.array([i for i, ep in enumerate(self.endpoints)
+                                       if m in ep.models], dtype=np.intp) for m in models}
+
+    # -- reading -------------------------------------------------------------------------
+    def snapshot(self, now: float) -> Snapshot:
+        return Snapshot(self.endpoints, self._by_model, self._live.copy(), self._static, now)
+
+    def value(self, i: int, name: str) -> float:
+        return float(self._live[_ROW[name], i])
+
+    def ready_count(self) -> int:
+        return int(np.count_nonzero(self._live[_ROW["health"]] == HEALTH_CODES["ready"]))
+
+    # -- the gateway's own measurements ------------------------------------------------
+    def on_dispatch(self, i: int, now: float) -> None:
+        self._live[_ROW["in_flight"], i] += 1
+        self._live[_ROW["queued"], i] += 1
+        st = self.stats[i]
+        st.dispatched_since_scrape += 1
+        st.requests += 1
+        st.breaker.on_dispatch(now)
+        if st.breaker.state == "half_open":
+            self._live[_ROW["block_until"], i] = np.inf  # one probe request at a time
+
+    def on_first_token(self, i: int, ttft_s: float | None,
+                       predicted_ttft_s: float | None) -> None:
+        """The engine started answering (``ttft_s`` None: a non-streamed answer arrived)."""
+        self._live[_ROW["queued"], i] = max(0.0, self._live[_ROW["queued"], i] - 1)
+        if ttft_s is None:
+            return
+        self._ewma("ttft_s", i, ttft_s)
+        self.stats[i].ttft_window.append(ttft_s)
+        self._learn("k_ttft", i, ttft_s, predicted_ttft_s)
+
+    def on_finish(self, i: int, now: float, output_tokens: int, e2e_s: float,
+                  tpot_s: float | None, predicted_tpot_s: float | None) -> None:
+        """A request ended well (whole answer relayed)."""
+        self._release(i)
+        st = self.stats[i]
+        st.output_tokens += output_tokens
+        st.e2e_s = e2e_s if math.isnan(st.e2e_s) else st.e2e_s + ALPHA * (e2e_s - st.e2e_s)
+        if tpot_s is not None:
+            self._ewma("tpot_s", i, tpot_s)
+            st.tpot_window.append(tpot_s)
+            self._learn("k_tpot", i, tpot_s, predicted_tpot_s)
+        self._ewma("error_rate", i, 0.0)
+        self._live[_ROW["last_contact"], i] = now
+        st.breaker.on_success()
+        self._live[_ROW["block_until"], i] = 0.0
+
+    def on_failure(self, i: int, now: float, counts_against_engine: bool = True) -> None:
+        """A request failed (before or after its first byte); the in-flight slot is freed."""
+        self._release(i)
+        st = self.stats[i]
+        st.failures += 1
+        if not counts_against_engine:
+            return
+        self._ewma("error_rate", i, 1.0)
+        st.breaker.on_failure(now)
+        if st.breaker.state == "open":
+            self._live[_ROW["block_until"], i] = st.breaker.opened_at + st.breaker.cooldown_s
+
+    def on_cancel(self, i: int) -> None:
+        """The client went away: free the slot, learn nothing."""
+        self._release(i)
+
+    def on_refused(self, i: int, detail: str) -> None:
+        if self.stats[i].health.on_refused(detail):
+            self._live[_ROW["health"], i] = HEALTH_CODES["not_ready"]
+
+    # -- background signals ------------------------------------------------------------
+    def on_probe(self, i: int, now: float, ok: bool, detail: str) -> bool:
+        changed = self.stats[i].health.on_probe(ok, detail)
+        self._live[_ROW["health"], i] = HEALTH_CODES[self.stats[i].health.state]
+        if ok:
+            self._live[_ROW["last_contact"], i] = now
+        return changed
+
+    def on_scrape(self, i: int, now: float, waiting: float | None, running: float | None,
+                  kv_usage: float | None, gen_tokens_total: float | None,
+                  gen_throughput: float | None) -> None:
+        st = self.stats[i]
+        elapsed = now - st.last_scrape_at
+        rate = gen_throughput
+        if rate is None and gen_tokens_total is not None and not math.isnan(st.last_gen_total):
+            delta = gen_tokens_total - st.last_gen_total
+            rate = delta / elapsed if elapsed > 0 and delta >= 0 else None
+        if rate is not None and rate > 0:
+            self._ewma("tokens_per_s", i, rate)
+        st.last_gen_total = math.nan if gen_tokens_total is None else gen_tokens_total
+        st.last_scrape_at = now
+        st.dispatched_since_scrape = 0
+        st.scraped_waiting = math.nan if waiting is None else waiting
+        self._live[_ROW["queued"], i] = 0.0 if waiting is None else waiting
+        self._live[_ROW["running"], i] = np.nan if running is None else running
+        self._live[_ROW["kv_usage"], i] = np.nan if kv_usage is None else kv_usage
+        self._live[_ROW["last_contact"], i] = now
+
+    def expire_scrapes(self, now: float) -> None:
+        """Forget scraped load older than ``stale_after_s`` (unknown, not zero)."""
+        for i, st in enumerate(self.stats):
+            if now - st.last_scrape_at > self.stale_after_s and st.last_scrape_at > -math.inf:
+                self._live[_ROW["running"], i] = self._live[_ROW["kv_usage"], i] = np.nan
+                self._live[_ROW["queued"], i] = self._live[_ROW["in_flight"], i]
+
+    # -- helpers -------------------------------------------------------------------------
+    def _release(self, i: int) -> None:
+        self._live[_ROW["in_flight"], i] = max(0.0, self._live[_ROW["in_flight"], i] - 1)
+
+    def _ewma(self, name: str, i: int, value: float) -> None:
+        row = _ROW[name]
+        old = self._live[row, i]
+        self._live[row, i] = value if np.isnan(old) else old + ALPHA * (value - old)
+
+    def _learn(self, name: str, i: int, measured: float, predicted: float | None) -> None:
+        if predicted is None or predicted <= 0 or measured <= 0:
+            return
+        row = _ROW[name]
+        ratio = measured / predicted
+        k = self._live[row, i] * (1 + ALPHA * (ratio - 1))
+        self._live[row, i] = min(max(k, K_LIMITS[0]), K_LIMITS[1])
+
+    def describe(self, i: int, now: float) -> dict[str, Any]:
+        """Everything known about one endpoint, for /admin/endpoints."""
+        st = self.stats[i]
+        row = {name: _num(self._live[_ROW[name], i]) for name in LIVE_COLUMNS
+               if name not in ("health", "block_until", "last_contact")}
+        row.update({name: _num(self._static[r, i]) for r, name in enumerate(STATIC_COLUMNS)})
+        row.update({
+            "health": st.health.state, "health_detail": st.health.detail,
+            "breaker": st.breaker.state, "consecutive_failures": st.breaker.consecutive_failures,
+            "scrape_age_s": _num(now - st.last_scrape_at), "requests": st.requests,
+            "failures": st.failures, "output_tokens": st.output_tokens, "e2e_s": _num(st.e2e_s),
+            "ttft_p50_s": _pct(st.ttft_window, 50), "ttft_p95_s": _pct(st.ttft_window, 95),
+            "tpot_p50_s": _pct(st.tpot_window, 50), "tpot_p95_s": _pct(st.tpot_window, 95),
+        })
+        return row
+
+
+def _num(value: float) -> float | None:
+    value = float(value)
+    return None if math.isnan(value) or math.isinf(value) else round(value, 6)
+
+
+def _pct(window: deque[float], q: float) -> float | None:
+    return _num(float(np.percentile(window, q))) if window else None

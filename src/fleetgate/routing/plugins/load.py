@@ -1,0 +1,28 @@
+"""Load scorers, normalised across GPU types by each endpoint's own capacity.
+
+- ``queue``: score = 1 / (1 + active / capacity), where active = max(in-flight, running +
+  queued) and capacity is the batch the endpoint can run within the SLO (its KV-limited
+  batch when the policy has no TPOT SLO). A 288 GB MI355X with 20 requests is less loaded
+  than an 80 GB H100 with 20.
+- ``kv_headroom``: free KV-cache tokens (scraped usage, or estimated from load) over the
+  best candidate's.
+
+May touch: numpy. Must not touch: I/O.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fleetgate.routing.plugins.base import ScoringInput
+from fleetgate.routing.types import FloatArray
+
+
+def queue(inp: ScoringInput, _: object) -> FloatArray:
+    return np.asarray(1.0 / (1.0 + inp.est.load))
+
+
+def kv_headroom(inp: ScoringInput, _: object) -> FloatArray:
+    free = inp.est.kv_headroom_tokens
+    best = free[inp.mask].max() if inp.mask.any() else 0.0
+    return np.asarray(free / best) if best > 0 else np.zeros_like(free)

@@ -1,0 +1,48 @@
+"""Builders for routing unit tests: a LiveFleet of named endpoints with a fake clock."""
+
+from __future__ import annotations
+
+from fleetgate.config.schema import PolicyConfig
+from fleetgate.routing import EndpointInfo, LiveFleet, RoutingRequest, endpoint_prior
+from fleetgate.routing.policies import build_pipeline
+
+MODEL = "llama-3.1-8b"
+SERVED = "meta-llama/Llama-3.1-8B-Instruct"
+
+# (pool, accelerator, vendor, engine, $/GPU-hr)
+FLEET = [
+    ("mi300x-sglang", "mi300x", "amd", "sglang", 1.99),
+    ("mi355x-vllm", "mi355x", "amd", "vllm", 2.90),
+    ("h100-vllm", "h100", "nvidia", "vllm", 2.95),
+    ("h200-sglang", "h200", "nvidia", "sglang", 3.60),
+]
+
+
+def make_fleet(rows: list[tuple[str, str, str, str, float]] | None = None,
+               labels: dict[str, dict[str, str]] | None = None, ready: bool = True) -> LiveFleet:
+    infos, priors = [], []
+    for pool, acc, vendor, engine, price in rows or FLEET:
+        infos.append(EndpointInfo(f"{pool}-0", pool, f"http://{pool}", engine, acc, vendor,
+                                  {MODEL: SERVED}, (labels or {}).get(pool, {}), price))
+        priors.append(endpoint_prior(acc, SERVED))
+    live = LiveFleet(infos, priors, breaker_threshold=3, breaker_cooldown_s=5.0)
+    if ready:
+        for i in range(len(infos)):
+            live.on_probe(i, 0.0, True, "200")
+    return live
+
+
+def pipeline(strategy: str, seed: int = 7, **kw: object):  # type: ignore[no-untyped-def]
+    return build_pipeline(strategy, PolicyConfig.model_validate({"strategy": strategy, **kw}),
+                          seed=seed)
+
+
+def request(**kw: object) -> RoutingRequest:
+    base: dict[str, object] = {"model": MODEL, "prompt_chars": 2000, "max_tokens": 128}
+    base.update(kw)
+    return RoutingRequest(**base)  # type: ignore[arg-type]
+
+
+def chosen_pool(decision) -> str:  # type: ignore[no-untyped-def]
+    assert decision.chosen is not None, decision.reason
+    return str(decision.chosen.pool)

@@ -1,0 +1,266 @@
+"""Unit tests of the emulator's performance model and the GPU catalog (pure, no clocks).
+
+Every test drives ``EngineSim`` step by step on a virtual clock (the sum of step durations)
+and compares quantities the model must order correctly; nothing sleeps, nothing is timed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from fleetgate.backends.emulator.config import EmulatorConfig
+from fleetgate.backends.emulator.perfmodel import EngineSim, SchedulerConfig, TokenEvent
+from fleetgate.backends.hardware import (
+    GB,
+    GPUS,
+    MODEL_PROFILES,
+    GpuSpec,
+    StepLoad,
+    kv_capacity_tokens,
+    prior_decode_tokens_per_s,
+    profile_for_served_name,
+    step_seconds,
+)
+
+P8B = MODEL_PROFILES["llama-3.1-8b"]
+P70B = MODEL_PROFILES["llama-3.1-70b-fp8"]
+
+
+def gpu_with_kv_tokens(tokens: int, base: str = "h100") -> GpuSpec:
+    """A GPU like ``base`` whose HBM leaves exactly ``tokens`` KV tokens for the 8B model."""
+    free = tokens * P8B.kv_bytes_per_token + P8B.weight_bytes + 1.0 * GB
+    return dataclasses.replace(GPUS[base], hbm_gb=free / 0.9 / GB + 1e-9)
+
+
+def run(sim: EngineSim, max_steps: int = 100_000) -> tuple[float, list[tuple[float, TokenEvent]]]:
+    """Step until idle; returns the virtual time and every event with its time."""
+    now, events = 0.0, []
+    for _ in range(max_steps):
+        duration = sim.next_step_duration()
+        if duration is None:
+            return now, events
+        now += duration
+        events += [(now, ev) for ev in sim.step()]
+    raise AssertionError("the simulation did not drain")
+
+
+def decode_step(sim: EngineSim, n: int, prompt: int) -> float:
+    """Duration of a decode step once ``n`` requests of ``prompt`` tokens are all decoding."""
+    for i in range(n):
+        sim.add(f"r{i}", prompt, 1000)
+    started = 0
+    while started < n:
+        started += sum(ev.index == 0 for ev in sim.step())
+    duration = sim.next_step_duration()
+    assert duration is not None
+    return duration
+
+
+# -- the step cost ---------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("smaller", "larger"),
+    [
+        (StepLoad(1, 1000, 1000), StepLoad(64, 64_000, 64_000)),  # batch
+        (StepLoad(32, 32 * 500, 32 * 500), StepLoad(32, 32 * 8000, 32 * 8000)),  # context
+        (StepLoad(32, 32_000, 32_000), StepLoad(32 + 4096, 40_000, 9e6)),  # + prefill chunk
+        (StepLoad(256, 256_000, 256_000), StepLoad(1024, 1_024_000, 1_024_000)),  # compute
+    ],
+)
+@pytest.mark.parametrize("gpu", sorted(GPUS))
+def test_step_time_grows_with_batch_and_context(gpu: str, smaller: StepLoad,
+                                                larger: StepLoad) -> None:
+    assert step_seconds(GPUS[gpu], P8B, smaller) < step_seconds(GPUS[gpu], P8B, larger)
+
+
+@pytest.mark.parametrize("gpu", sorted(GPUS))
+def test_sim_decode_step_grows_with_running_batch(gpu: str) -> None:
+    steps = [decode_step(EngineSim(GPUS[gpu], P8B), n, 2000) for n in (1, 16, 128)]
+    assert steps == sorted(steps) and steps[0] < steps[-1]
+
+
+@pytest.mark.parametrize("gpu", sorted(GPUS))
+def test_stock_is_slower_than_tuned(gpu: str) -> None:
+    times = {}
+    for stack in ("stock", "tuned"):
+        sim = EngineSim(GPUS[gpu], P8B, stack=stack)
+        for i in range(8):
+            sim.add(f"r{i}", 1500, 200)
+        times[stack], _ = run(sim)
+    assert times["tuned"] < times["stock"]
+    assert prior_decode_tokens_per_s(GPUS[gpu], P8B, stack="tuned") > prior_decode_tokens_per_s(
+        GPUS[gpu], P8B, stack="stock")
+
+
+@pytest.mark.parametrize(("gpu", "small_tp", "large_tp"), [("h200", 1, 2), ("mi300x", 1, 4),
+                                                           ("h100", 2, 4), ("b200", 1, 8)])
+def test_tensor_parallel_speeds_up_decode_and_adds_kv(gpu: str, small_tp: int,
+                                                      large_tp: int) -> None:
+    small = EngineSim(GPUS[gpu], P70B, tp=small_tp)
+    large = EngineSim(GPUS[gpu], P70B, tp=large_tp)
+    assert large.kv_capacity_tokens > small.kv_capacity_tokens
+    assert decode_step(large, 8, 1000) < decode_step(small, 8, 1000)
+
+
+# -- scheduling ------------------------------------------------------------------------------
+@pytest.mark.parametrize(("reserve", "max_running"), [(1.0, 5), (0.5, 6)])
+def test_kv_capacity_limits_the_running_batch(reserve: float, max_running: int) -> None:
+    sched = SchedulerConfig(kv_reserve_ratio=reserve, max_num_batched_tokens=100_000)
+    sim = EngineSim(gpu_with_kv_tokens(10_000), P8B, scheduler=sched)
+    assert sim.kv_capacity_tokens == 10_000
+    for i in range(12):
+        sim.add(f"r{i}", 1000, 1000)
+    sim.step()
+    assert sim.num_running == max_running
+    assert sim.num_waiting == 12 - max_running
+    _, events = run(sim)
+    finished = [ev for _, ev in events if ev.finished]
+    assert len(finished) == 12
+    if reserve == 1.0:  # a full reservation never needs to preempt
+        assert sim.counters().preemptions_total == 0
+
+
+def test_vllm_style_admission_preempts_and_still_completes_every_request() -> None:
+    sim = EngineSim(gpu_with_kv_tokens(10_000), P8B, scheduler=SchedulerConfig())
+    for i in range(12):
+        sim.add(f"r{i}", 1000, 1000)
+    _, events = run(sim)
+    per_request: dict[str, list[int]] = {}
+    for _, ev in events:
+        per_request.setdefault(ev.request_id, []).append(ev.index)
+    assert sim.counters().preemptions_total > 0
+    assert all(idx == list(range(1000)) for idx in per_request.values())
+    assert len(per_request) == 12 and sim.kv_used_tokens == 0
+
+
+def test_max_num_seqs_caps_the_batch() -> None:
+    sim = EngineSim(GPUS["mi325x"], P8B, scheduler=SchedulerConfig(max_num_seqs=4))
+    for i in range(10):
+        sim.add(f"r{i}", 10, 50)
+    sim.step()
+    assert (sim.num_running, sim.num_waiting) == (4, 6)
+
+
+@pytest.mark.parametrize(("prompt", "budget", "prefill_steps"),
+                         [(20_000, 8192, 3), (8192, 8192, 1), (8193, 8192, 2), (5000, 2048, 3)])
+def test_chunked_prefill_spreads_a_long_prompt_over_steps(prompt: int, budget: int,
+                                                          prefill_steps: int) -> None:
+    sim = EngineSim(GPUS["h200"], P8B, scheduler=SchedulerConfig(max_num_batched_tokens=budget))
+    sim.add("long", prompt, 4)
+    steps_until_first = 0
+    while True:
+        steps_until_first += 1
+        if any(ev.index == 0 for ev in sim.step()):
+            break
+    assert steps_until_first == prefill_steps
+
+
+def test_decodes_keep_flowing_while_a_long_prompt_prefills() -> None:
+    sim = EngineSim(GPUS["h100"], P8B, scheduler=SchedulerConfig(max_num_batched_tokens=4096))
+    sim.add("chat", 100, 50)
+    sim.step()  # its prefill
+    sim.add("long", 9000, 4)
+    chat_tokens = 0
+    for _ in range(2):  # "long" needs three chunked steps; "chat" decodes in each
+        events = sim.step()
+        assert all(ev.request_id == "chat" for ev in events)
+        chat_tokens += len(events)
+    assert chat_tokens == 2
+    assert any(ev.request_id == "long" and ev.index == 0 for ev in sim.step())
+
+
+def test_ttft_waits_for_kv_while_itl_does_not() -> None:
+    sched = SchedulerConfig(kv_reserve_ratio=1.0)
+    sim = EngineSim(gpu_with_kv_tokens(4_000), P8B, scheduler=sched)
+    for i in range(4):
+        sim.add(f"r{i}", 1000, 1000)  # only two fit at a time
+    _, events = run(sim)
+    first = {ev.request_id: t for t, ev in events if ev.index == 0}
+    assert first["r2"] > first["r1"] * 10  # queued behind a whole generation
+
+
+# -- aborts and counters ---------------------------------------------------------------------
+def test_abort_frees_kv_and_leaves_the_batch_at_once() -> None:
+    sim = EngineSim(GPUS["h100"], P8B)
+    sim.add("a", 500, 100)
+    sim.add("b", 500, 100)
+    for _ in range(3):
+        sim.step()
+    used = sim.kv_used_tokens
+    assert sim.abort("a") is True
+    assert sim.num_running == 1 and 0 < sim.kv_used_tokens < used
+    assert sim.abort("a") is False and sim.abort("nope") is False
+    assert sim.abort("b") is True
+    assert (sim.num_running, sim.kv_used_tokens, sim.kv_usage) == (0, 0, 0.0)
+    assert sim.next_step_duration() is None and sim.counters().aborted_total == 2
+
+
+def test_abort_of_a_waiting_request_and_of_one_in_the_planned_step() -> None:
+    sim = EngineSim(GPUS["h100"], P8B, scheduler=SchedulerConfig(max_num_seqs=1))
+    sim.add("running", 10, 10)
+    sim.add("queued", 10, 10)
+    assert sim.next_step_duration() is not None  # plans a step with "running" in it
+    assert sim.abort("queued") and sim.abort("running")
+    assert sim.step() == [] and sim.num_waiting == 0
+
+
+def test_counters_and_exact_token_counts() -> None:
+    sim = EngineSim(GPUS["mi300x"], P8B)
+    for i, n in enumerate((1, 2, 17)):
+        sim.add(f"r{i}", 100 + i, n)
+    _, events = run(sim)
+    c = sim.counters()
+    assert (c.prompt_tokens_total, c.generation_tokens_total, c.finished_total) == (303, 20, 3)
+    assert [ev.finished for _, ev in events if ev.request_id == "r1"] == [False, True]
+
+
+def test_the_model_is_deterministic() -> None:
+    def trace() -> list[tuple[float, TokenEvent]]:
+        sim = EngineSim(GPUS["b200"], P70B, stack="tuned")
+        for i in range(20):
+            sim.add(f"r{i}", 300 + 97 * i, 30 + i)
+        return run(sim)[1]
+
+    assert trace() == trace()
+
+
+@pytest.mark.parametrize(("prompt", "out"), [(0, 5), (5, 0), (500_000, 1)])
+def test_add_rejects_impossible_requests(prompt: int, out: int) -> None:
+    with pytest.raises(ValueError):
+        EngineSim(GPUS["h100"], P8B).add("x", prompt, out)
+
+
+def test_add_rejects_a_duplicate_id() -> None:
+    sim = EngineSim(GPUS["h100"], P8B)
+    sim.add("x", 5, 5)
+    with pytest.raises(ValueError):
+        sim.add("x", 5, 5)
+
+
+# -- catalog and config ----------------------------------------------------------------------
+@pytest.mark.parametrize(("name", "profile"), [("meta-llama/Llama-3.1-70B-Instruct", P70B),
+                                               ("amd/Llama-3.1-70b-FP8-KV", P70B),
+                                               ("meta-llama/Llama-3.1-8B-Instruct", P8B),
+                                               ("anything", P8B)])
+def test_profile_for_served_name(name: str, profile: object) -> None:
+    assert profile_for_served_name(name) is profile
+
+
+def test_catalog_kv_sizes_and_capacity() -> None:
+    assert P70B.kv_bytes_per_token == 160 * 1024 and P8B.kv_bytes_per_token == 128 * 1024
+    assert {g.vendor for g in GPUS.values()} == {"amd", "nvidia"}
+    assert all((g.runtime == "rocm") == (g.vendor == "amd") for g in GPUS.values())
+    assert kv_capacity_tokens(GPUS["h100"], P70B, tp=1) < P70B.max_model_len
+    assert kv_capacity_tokens(GPUS["mi300x"], P70B, tp=1) > 8 * kv_capacity_tokens(
+        GPUS["h100"], P70B, tp=1)
+
+
+def test_config_picks_or_checks_tensor_parallel() -> None:
+    base = {"engine": "vllm", "gpu": "h100", "served_models": ["llama-3.1-70b"]}
+    assert EmulatorConfig(**base).tensor_parallel == 2
+    assert EmulatorConfig(**base | {"gpu": "mi300x"}).tensor_parallel == 1
+    with pytest.raises(ValueError, match="tp >= 2"):
+        EmulatorConfig(**base | {"tp": 1})
+    with pytest.raises(ValueError):
+        EmulatorConfig(**base | {"gpu": "tpu"})

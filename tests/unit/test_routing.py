@@ -1,0 +1,182 @@
+"""Table-driven tests of the routing pipeline: strategies, scorers, filters, pickers."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+from routing_fixtures import MODEL, chosen_pool, make_fleet, pipeline, request
+
+from fleetgate.config import parse_config
+from fleetgate.routing import PolicyError, build_router
+
+
+def test_cost_picks_cheapest_per_token_at_light_load() -> None:
+    live = make_fleet()
+    d = pipeline("cost", slo={"ttft_ms": 2000, "tpot_ms": 50}).route(request(), live.snapshot(1))
+    assert chosen_pool(d) == "mi300x-sglang"
+    costs = {c.endpoint.pool: c.scores["cost"] for c in d.ranked}
+    assert costs["mi300x-sglang"] == 1.0
+    assert all(0 <= v <= 1 for v in costs.values())
+
+
+def test_cost_spills_to_next_cheapest_when_cheapest_is_past_its_slo_capacity() -> None:
+    live = make_fleet()
+    pipe = pipeline("cost", slo={"ttft_ms": 2000, "tpot_ms": 30})
+    first = pipe.route(request(), live.snapshot(1))
+    cheapest = first.chosen
+    assert cheapest is not None
+    capacity = int(first.estimate("slo_capacity"))
+    for _ in range(capacity + 1):
+        live.on_dispatch(live.index[cheapest.id], 1.0)
+    d = pipe.route(request(), live.snapshot(1))
+    assert d.chosen is not None and d.chosen.id != cheapest.id
+    assert d.estimate("meets_slo") == 1.0
+    assert "SLO" in d.reason
+
+
+def test_cost_falls_back_to_fastest_when_nobody_meets_the_slo() -> None:
+    live = make_fleet()
+    d = pipeline("cost", slo={"tpot_ms": 0.5}).route(request(), live.snapshot(1))
+    assert "fastest" in d.reason
+    e2e = {c.endpoint.pool: d.estimates["e2e_s"][k] for k, c in enumerate(
+        [d.candidate(k) for k in range(len(d.idx))])}
+    assert chosen_pool(d) == min(e2e, key=e2e.get)
+
+
+def test_max_usd_per_mtok_filters_expensive_endpoints() -> None:
+    live = make_fleet()
+    d0 = pipeline("cost").route(request(), live.snapshot(1))
+    cheapest = d0.estimate("usd_per_mtok")
+    assert cheapest is not None
+    d = pipeline("cost", max_usd_per_mtok=cheapest * 1.001).route(request(), live.snapshot(1))
+    assert [c.endpoint.pool for c in d.ranked] == [chosen_pool(d0)]
+    assert set(d.rejected.values()) == {"filter max_cost"}
+
+
+def test_latency_prefers_fastest_and_moves_off_a_slowed_endpoint() -> None:
+    live = make_fleet()
+    pipe = pipeline("latency")
+    fastest = chosen_pool(pipe.route(request(), live.snapshot(1)))
+    i = live.index[f"{fastest}-0"]
+    for _ in range(20):  # it answers 5x slower than predicted: the correction learns it
+        live.on_dispatch(i, 1.0)
+        live.on_finish(i, 2.0, 100, 1.0, tpot_s=0.05, predicted_tpot_s=0.01)
+    assert live.value(i, "k_tpot") > 3
+    assert chosen_pool(pipe.route(request(), live.snapshot(2))) != fastest
+
+
+@pytest.mark.parametrize(("strategy", "loaded", "expect_not"), [
+    ("least_loaded", "mi300x-sglang", "mi300x-sglang"),
+    ("power_of_two", None, None),
+])
+def test_load_strategies(strategy: str, loaded: str | None, expect_not: str | None) -> None:
+    live = make_fleet()
+    if loaded:
+        for _ in range(50):
+            live.on_dispatch(live.index[f"{loaded}-0"], 1.0)
+    pipe = pipeline(strategy)
+    picks = Counter(chosen_pool(pipe.route(request(), live.snapshot(1))) for _ in range(40))
+    if expect_not:
+        assert expect_not not in picks
+    else:
+        assert len(picks) >= 2  # power of two spreads
+
+
+def test_round_robin_rotates_over_all() -> None:
+    live = make_fleet()
+    pipe = pipeline("round_robin")
+    picks = [chosen_pool(pipe.route(request(), live.snapshot(1))) for _ in range(8)]
+    assert Counter(picks) == Counter({p: 2 for p in set(picks)}) and len(set(picks)) == 4
+
+
+def test_affinity_is_sticky_per_session_and_spreads_sessions() -> None:
+    live = make_fleet()
+    pipe = pipeline("affinity")
+    for user in ("alice", "bob", "carol"):
+        picks = {chosen_pool(pipe.route(request(user=user), live.snapshot(1))) for _ in range(5)}
+        assert len(picks) == 1
+    header_pick = {chosen_pool(pipe.route(request(headers={"x-session-id": f"s{i}"}),
+                                          live.snapshot(1))) for i in range(40)}
+    assert len(header_pick) >= 3
+
+
+@pytest.mark.parametrize(("params", "expected"), [
+    ({"vendors": ["amd"]}, {"mi300x-sglang", "mi355x-vllm"}),
+    ({"accelerators": ["h100", "h200"]}, {"h100-vllm", "h200-sglang"}),
+    ({"pools": ["h200-sglang"]}, {"h200-sglang"}),
+    ({"engines": ["vllm"]}, {"mi355x-vllm", "h100-vllm"}),
+    ({"labels": {"tier": "gold"}}, {"h100-vllm"}),
+])
+def test_select_filter(params: dict, expected: set[str]) -> None:
+    live = make_fleet(labels={"h100-vllm": {"tier": "gold"}})
+    pipe = pipeline("latency", filters=[{"name": "select", "params": params}])
+    d = pipe.route(request(), live.snapshot(1))
+    assert {c.endpoint.pool for c in d.ranked} == expected
+
+
+def test_max_queue_and_context_fit_filters() -> None:
+    live = make_fleet()
+    for _ in range(3):
+        live.on_dispatch(live.index["h100-vllm-0"], 1.0)
+    d = pipeline("latency", filters=[{"name": "max_queue", "params": {"max": 2}}]).route(
+        request(), live.snapshot(1))
+    assert "h100-vllm" not in {c.endpoint.pool for c in d.ranked}
+    d = pipeline("latency").route(request(prompt_chars=40000, max_tokens=8000), live.snapshot(1))
+    assert not len(d.order) and set(d.rejected.values()) == {"filter context_fit"}
+
+
+def test_builtin_prefilters_health_breaker_and_staleness() -> None:
+    live = make_fleet()
+    live.on_refused(live.index["h100-vllm-0"], "refused")
+    for _ in range(3):
+        live.on_dispatch(live.index["h200-sglang-0"], 1.0)
+        live.on_failure(live.index["h200-sglang-0"], 1.0)
+    d = pipeline("latency").route(request(), live.snapshot(2.0))
+    assert d.rejected == {"h100-vllm-0": "not ready", "h200-sglang-0": "breaker open"}
+    d = pipeline("latency").route(request(), live.snapshot(100.0))  # no contact for 100 s
+    assert set(d.rejected.values()) >= {"state stale"}
+
+
+def test_unknown_model_and_weighted_scores_in_unit_range() -> None:
+    live = make_fleet()
+    assert pipeline("latency").route(request(model="nope"), live.snapshot(1)).chosen is None
+    pipe = pipeline("weighted", scorers=[{"name": "cost", "weight": 2},
+                                         {"name": "kv_headroom", "weight": 1},
+                                         {"name": "slo"}, {"name": "queue"}])
+    d = pipe.route(request(), live.snapshot(1))
+    assert d.total is not None and np.all((d.total >= 0) & (d.total <= 1))
+    for c in d.ranked:
+        assert set(c.scores) == {"cost", "kv_headroom", "slo", "queue"}
+
+
+@pytest.mark.parametrize(("policy", "error"), [
+    ("{strategy: weighted, scorers: [{name: nope}]}", "policies.p.scorers[0].name"),
+    ("{strategy: latency, filters: [{name: max_queue, params: {max: -1}}]}",
+     "policies.p.filters[0].params.max"),
+    ("{strategy: latency, filters: [{name: select, params: {colour: red}}]}",
+     "policies.p.filters[0].params.colour"),
+])
+def test_bad_plugin_params_fail_with_yaml_path(policy: str, error: str) -> None:
+    text = ("pools: [{name: a, accelerator: h100, engine: vllm, price_per_gpu_hour: 1, "
+            "endpoints: ['http://x:1'], models: {m: m}}]\n"
+            f"policies: {{p: {policy}}}\ndefault_policy: p\n")
+    with pytest.raises(PolicyError) as info:
+        build_router(parse_config(text, "t", {}))
+    assert any(e.startswith(error) for e in info.value.errors), info.value.errors
+
+
+def test_policy_selection_header_routes_default() -> None:
+    text = ("pools: [{name: a, accelerator: h100, engine: vllm, price_per_gpu_hour: 1, "
+            f"endpoints: ['http://x:1'], models: {{{MODEL}: m}}}}]\n"
+            "policies: {cheap: {strategy: cost}, fast: {strategy: latency}, "
+            "rr: {strategy: round_robin}}\n"
+            "routes: [{match: {header: {x-priority: high}}, policy: fast}, "
+            "{match: {tenant: t1}, policy: rr}]\n"
+            "default_policy: cheap\n")
+    router = build_router(parse_config(text, "t", {}))
+    assert router.policy_for(request()) == "cheap"
+    assert router.policy_for(request(headers={"x-priority": "high"})) == "fast"
+    assert router.policy_for(request(tenant="t1")) == "rr"
+    assert router.policy_for(request(policy="rr", headers={"x-priority": "high"})) == "rr"
