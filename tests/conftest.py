@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from procs import Proc, pool, spawn_emulator, spawn_gateway
 
 SERVED_8B = "meta-llama/Llama-3.1-8B-Instruct"

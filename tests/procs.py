@@ -48,9 +48,9 @@ def free_port() -> int:
 
 
 def spawn_emulator(engine: str, gpu: str, models: list[str], *, speed: float = 20.0,
-                   extra: list[str] | None = None, timeout: float = 30.0) -> Proc:
+                   port: int = 0, extra: list[str] | None = None, timeout: float = 30.0) -> Proc:
     cmd = [sys.executable, "-m", "fleetgate.backends.emulator", "--engine", engine, "--gpu", gpu,
-           "--port", "0", "--speed", str(speed)]
+           "--port", str(port), "--speed", str(speed)]
     for m in models:
         cmd += ["--model", m]
     cmd += extra or []

@@ -70,7 +70,8 @@ def emulate(
     port: int = 8000,
     speed: Annotated[float, typer.Option(help="run the clock X times faster")] = 1.0,
     stack: Annotated[str, typer.Option(help="stock | tuned software efficiency")] = "stock",
-    tp: Annotated[int, typer.Option(help="tensor-parallel degree")] = 1,
+    tp: Annotated[Optional[int], typer.Option(help="tensor-parallel degree (default: the smallest that fits)")] = None,  # noqa: E501, UP045
+    max_model_len: Annotated[Optional[int], typer.Option(help="context length")] = None,  # noqa: UP045
     max_queued_requests: Annotated[Optional[int], typer.Option(help="queue cap")] = None,  # noqa: UP045
 ) -> None:
     """Run one emulated vLLM or SGLang engine server."""
@@ -79,8 +80,10 @@ def emulate(
     if engine not in ENGINES or gpu not in GPUS:
         typer.echo(f"--engine must be one of {ENGINES}, --gpu one of {GPUS}", err=True)
         raise typer.Exit(2)
-    cfg = EmulatorConfig(engine=engine, gpu=gpu, served_models=model, profile=profile,
-                         speed=speed, stack=stack, tp=tp, max_queued_requests=max_queued_requests)
+    cfg = EmulatorConfig.model_validate({
+        "engine": engine, "gpu": gpu, "served_models": model, "profile": profile, "speed": speed,
+        "stack": stack, "tp": tp, "max_model_len": max_model_len,
+        "max_queued_requests": max_queued_requests})
     run_emulator(cfg, host, port)
 
 
@@ -89,7 +92,8 @@ def render_fleet(config: FleetConfig) -> str:
               "$/GPU-hr", "$/replica-hr", "models"]
     rows = [header]
     for p in config.pools:
-        models = ", ".join(f"{pub} -> {srv}" if pub != srv else pub for pub, srv in p.models.items())
+        models = ", ".join(f"{pub} -> {srv}" if pub != srv else pub
+                           for pub, srv in p.models.items())
         rows.append([p.name, p.vendor, p.runtime, p.accelerator, p.engine, str(len(p.endpoints)),
                      f"{p.price_per_gpu_hour:.2f}", f"{p.price_per_replica_hour:.2f}", models])
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
@@ -104,7 +108,8 @@ def render_fleet(config: FleetConfig) -> str:
         marker = " (default)" if name == config.default_policy else ""
         lines.append(f"policy {name}{marker}: {pol.model_dump(exclude_defaults=True)}")
     for i, route in enumerate(config.routes):
-        lines.append(f"route {i}: {route.match.model_dump(exclude_defaults=True)} -> {route.policy}")
+        match = route.match.model_dump(exclude_defaults=True)
+        lines.append(f"route {i}: {match} -> {route.policy}")
     auth = "open (no API keys)" if config.auth is None else f"{len(config.auth.keys)} keys"
     lines.append(f"auth: {auth}")
     return "\n".join(lines)

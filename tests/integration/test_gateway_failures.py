@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+
 from conftest import PUBLIC_8B, SERVED_8B
 from procs import Proc, pool, spawn_emulator, spawn_gateway
 

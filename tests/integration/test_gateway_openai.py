@@ -9,6 +9,7 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
+
 from conftest import PUBLIC_8B, SERVED_8B
 from procs import Proc
 

@@ -69,8 +69,9 @@ def decode_step(sim: EngineSim, n: int, prompt: int) -> float:
     ],
 )
 @pytest.mark.parametrize("gpu", sorted(GPUS))
-def test_step_time_grows_with_batch_and_context(gpu: str, smaller: StepLoad,
-                                                larger: StepLoad) -> None:
+def test_step_time_grows_with_batch_and_context(
+    gpu: str, smaller: StepLoad, larger: StepLoad
+) -> None:
     assert step_seconds(GPUS[gpu], P8B, smaller) < step_seconds(GPUS[gpu], P8B, larger)
 
 
@@ -90,13 +91,17 @@ def test_stock_is_slower_than_tuned(gpu: str) -> None:
         times[stack], _ = run(sim)
     assert times["tuned"] < times["stock"]
     assert prior_decode_tokens_per_s(GPUS[gpu], P8B, stack="tuned") > prior_decode_tokens_per_s(
-        GPUS[gpu], P8B, stack="stock")
+        GPUS[gpu], P8B, stack="stock"
+    )
 
 
-@pytest.mark.parametrize(("gpu", "small_tp", "large_tp"), [("h200", 1, 2), ("mi300x", 1, 4),
-                                                           ("h100", 2, 4), ("b200", 1, 8)])
-def test_tensor_parallel_speeds_up_decode_and_adds_kv(gpu: str, small_tp: int,
-                                                      large_tp: int) -> None:
+@pytest.mark.parametrize(
+    ("gpu", "small_tp", "large_tp"),
+    [("h200", 1, 2), ("mi300x", 1, 4), ("h100", 2, 4), ("b200", 1, 8)],
+)
+def test_tensor_parallel_speeds_up_decode_and_adds_kv(
+    gpu: str, small_tp: int, large_tp: int
+) -> None:
     small = EngineSim(GPUS[gpu], P70B, tp=small_tp)
     large = EngineSim(GPUS[gpu], P70B, tp=large_tp)
     assert large.kv_capacity_tokens > small.kv_capacity_tokens
@@ -142,10 +147,13 @@ def test_max_num_seqs_caps_the_batch() -> None:
     assert (sim.num_running, sim.num_waiting) == (4, 6)
 
 
-@pytest.mark.parametrize(("prompt", "budget", "prefill_steps"),
-                         [(20_000, 8192, 3), (8192, 8192, 1), (8193, 8192, 2), (5000, 2048, 3)])
-def test_chunked_prefill_spreads_a_long_prompt_over_steps(prompt: int, budget: int,
-                                                          prefill_steps: int) -> None:
+@pytest.mark.parametrize(
+    ("prompt", "budget", "prefill_steps"),
+    [(20_000, 8192, 3), (8192, 8192, 1), (8193, 8192, 2), (5000, 2048, 3)],
+)
+def test_chunked_prefill_spreads_a_long_prompt_over_steps(
+    prompt: int, budget: int, prefill_steps: int
+) -> None:
     sim = EngineSim(GPUS["h200"], P8B, scheduler=SchedulerConfig(max_num_batched_tokens=budget))
     sim.add("long", prompt, 4)
     steps_until_first = 0
@@ -239,10 +247,15 @@ def test_add_rejects_a_duplicate_id() -> None:
 
 
 # -- catalog and config ----------------------------------------------------------------------
-@pytest.mark.parametrize(("name", "profile"), [("meta-llama/Llama-3.1-70B-Instruct", P70B),
-                                               ("amd/Llama-3.1-70b-FP8-KV", P70B),
-                                               ("meta-llama/Llama-3.1-8B-Instruct", P8B),
-                                               ("anything", P8B)])
+@pytest.mark.parametrize(
+    ("name", "profile"),
+    [
+        ("meta-llama/Llama-3.1-70B-Instruct", P70B),
+        ("amd/Llama-3.1-70b-FP8-KV", P70B),
+        ("meta-llama/Llama-3.1-8B-Instruct", P8B),
+        ("anything", P8B),
+    ],
+)
 def test_profile_for_served_name(name: str, profile: object) -> None:
     assert profile_for_served_name(name) is profile
 
@@ -253,7 +266,8 @@ def test_catalog_kv_sizes_and_capacity() -> None:
     assert all((g.runtime == "rocm") == (g.vendor == "amd") for g in GPUS.values())
     assert kv_capacity_tokens(GPUS["h100"], P70B, tp=1) < P70B.max_model_len
     assert kv_capacity_tokens(GPUS["mi300x"], P70B, tp=1) > 8 * kv_capacity_tokens(
-        GPUS["h100"], P70B, tp=1)
+        GPUS["h100"], P70B, tp=1
+    )
 
 
 def test_config_picks_or_checks_tensor_parallel() -> None:

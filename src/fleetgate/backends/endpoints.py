@@ -29,6 +29,7 @@ class Endpoint:
     price_per_gpu_hour: float
     models: Mapping[str, str]
     labels: Mapping[str, str] = field(default_factory=dict)
+    max_model_len: int | None = None
     url: str = ""  # the HTTP base URL once known (emulated endpoints get theirs at start)
 
     @property
@@ -54,6 +55,7 @@ def endpoints_of(pool: PoolConfig) -> list[Endpoint]:
             price_per_gpu_hour=pool.price_per_gpu_hour,
             models=dict(pool.models),
             labels=dict(pool.labels),
+            max_model_len=pool.max_model_len,
             url="" if src.startswith("emulated://") else src,
         )
         for i, src in enumerate(pool.endpoints)

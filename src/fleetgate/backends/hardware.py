@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 Stack = Literal["stock", "tuned"]
+Vendor = Literal["amd", "nvidia"]
 STACKS: tuple[Stack, ...] = ("stock", "tuned")
 GB = 1e9  # catalog sizes are decimal gigabytes, as datasheets print them
 
@@ -52,7 +53,7 @@ class GpuSpec:
     """One accelerator type: datasheet figures [S] and serving efficiencies [E]."""
 
     name: str
-    vendor: Literal["amd", "nvidia"]
+    vendor: Vendor
     runtime: Literal["rocm", "cuda"]
     hbm_gb: float
     hbm_tb_s: float
@@ -77,7 +78,7 @@ class GpuSpec:
 
 def _gpu(
     name: str,
-    vendor: str,
+    vendor: Vendor,
     hbm: float,
     bw: float,
     bf16: float,
@@ -93,7 +94,7 @@ def _gpu(
     return GpuSpec(
         name=name,
         vendor=vendor,
-        runtime="rocm" if vendor == "amd" else "cuda",  # type: ignore[arg-type]
+        runtime="rocm" if vendor == "amd" else "cuda",
         hbm_gb=hbm,
         hbm_tb_s=bw,
         bf16_tflops=bf16,

@@ -22,8 +22,9 @@ class ProbeResult:
     detail: str  # "200", "503", "connect refused", "timeout", ...
 
 
-async def probe(client: httpx.AsyncClient, base_url: str, engine: EngineSpec,
-                timeout: float = 2.0) -> ProbeResult:
+async def probe(
+    client: httpx.AsyncClient, base_url: str, engine: EngineSpec, timeout: float = 2.0
+) -> ProbeResult:
     try:
         resp = await client.get(base_url + engine.health_path, timeout=timeout)
     except httpx.ConnectError:

@@ -65,7 +65,7 @@ class _AiohttpResponse:
     async def read(self) -> bytes:
         try:
             return await self._resp.read()
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             raise _classify(exc) from None
         finally:
             self._resp.release()
@@ -74,7 +74,7 @@ class _AiohttpResponse:
         try:
             async for chunk in self._resp.content.iter_any():
                 yield chunk
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             raise _classify(exc) from None
 
     def close(self) -> None:
@@ -108,7 +108,7 @@ class AiohttpBackend:
         )
         try:
             resp = await self._session.post(url, data=body, headers=headers, timeout=timeout)
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             raise _classify(exc) from None
         return _AiohttpResponse(resp)
 

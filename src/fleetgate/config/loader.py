@@ -55,7 +55,8 @@ def parse_config(text: str, source: str, env: Mapping[str, str]) -> FleetConfig:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(yaml)"
-        raise ConfigError(source, [f"{where}: invalid YAML: {getattr(exc, 'problem', exc)}"])
+        problem = getattr(exc, "problem", exc)
+        raise ConfigError(source, [f"{where}: invalid YAML: {problem}"]) from None
     if not isinstance(raw, dict):
         raise ConfigError(source, ["(root): must be a mapping with at least 'pools'"])
     errors: list[str] = []

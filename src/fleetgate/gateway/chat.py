@@ -36,7 +36,9 @@ from fleetgate.backends.sse import (
     is_usage_only_chunk,
     stream_error,
 )
+from fleetgate.gateway.decisions import DecisionEntry, DecisionLog
 from fleetgate.gateway.errors import (
+    GatewayError,
     NoCapacity,
     UpstreamFailed,
     UpstreamTimeout,
@@ -44,7 +46,6 @@ from fleetgate.gateway.errors import (
     json_error,
     normalise_upstream_error,
 )
-from fleetgate.gateway.decisions import DecisionEntry, DecisionLog
 from fleetgate.gateway.fleet import Fleet
 from fleetgate.routing import EndpointInfo, LiveFleet, Router, RoutingRequest
 
@@ -157,7 +158,7 @@ class ChatService:
                                        "error": exc.message})
                 last = exc
         assert last is not None
-        err = UpstreamTimeout if last.status == 504 else UpstreamFailed
+        err: type[GatewayError] = UpstreamTimeout if last.status == 504 else UpstreamFailed
         if last.status in (429, 503):
             err = NoCapacity
         raise err(f"all {len(attempts)} attempts failed; last: {last.message}")

@@ -22,12 +22,12 @@ from collections.abc import Callable, Sequence
 
 import httpx
 
+from fleetgate.backends.endpoints import Endpoint
 from fleetgate.backends.engine_metrics import (
     EngineLoad,
     MetricsParseError,
     parse_engine_metrics,
 )
-from fleetgate.backends.endpoints import Endpoint
 from fleetgate.backends.health import probe
 from fleetgate.routing import LiveFleet
 

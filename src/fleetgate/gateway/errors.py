@@ -86,7 +86,8 @@ def error_response(exc: GatewayError, headers: dict[str, str] | None = None) -> 
     return json_error(exc.status, body, {**exc.headers, **(headers or {})})
 
 
-def json_error(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> Response:
+def json_error(status: int, body: dict[str, Any],
+               headers: dict[str, str] | None = None) -> Response:
     return Response(orjson.dumps(body), status_code=status, headers=headers,
                     media_type="application/json")
 

@@ -50,7 +50,7 @@ class Fleet:
         """Start emulated engines (adopting running ones), probe once, start collecting."""
         await self._start_emulators(adopt or {})
         self.live = self._build_live()
-        self.collector = Collector(self.endpoints, self.live, self._http, self.clock)
+        self.collector = Collector(self.endpoints, self.live, self._http, lambda: self.clock())
         await self.collector.tick()
         self._task = asyncio.create_task(self.collector.run(self._interval),
                                          name="fleetgate-collector")
@@ -70,15 +70,15 @@ class Fleet:
         return self.live.index[endpoint_id]
 
     def _build_live(self) -> LiveFleet:
-        pools = {p.name: p for p in self.config.pools}
         infos, priors = [], []
         for ep in self.endpoints:
             query = _query(ep.source)
             scale = 1.0 / float(query.get("speed", 1.0)) if ep.is_emulated else 1.0
             served = next(iter(ep.models.values()))
-            priors.append(endpoint_prior(ep.accelerator, served, ep.gpus_per_replica,
-                                         query.get("stack", "stock"), scale,
-                                         pools[ep.pool].max_model_len))
+            tp = int(query.get("tp", ep.gpus_per_replica))
+            priors.append(endpoint_prior(ep.accelerator, served, tp,
+                                         query.get("stack", "stock"), scale, ep.max_model_len,
+                                         query.get("profile")))
             infos.append(EndpointInfo(ep.id, ep.pool, ep.url, ep.engine.name, ep.accelerator,
                                       ep.vendor, ep.models, ep.labels, ep.price_per_replica_hour,
                                       ep.gpus_per_replica))
@@ -124,4 +124,5 @@ async def _launch(ep: Endpoint) -> EmulatorHandle:
         tp=int(query.get("tp", ep.gpus_per_replica)),
         max_queued_requests=int(query["max_queued_requests"])
         if "max_queued_requests" in query else None,
+        max_model_len=ep.max_model_len,
     )

@@ -6,23 +6,25 @@ nothing. With the prior of ``prior.py`` corrected by the learned ``k_tpot``/``k_
 
     n      = prompt tokens (estimate), g = max_tokens (256 when absent), C = n + g/2
     active = max(in_flight, running + queued)        (ours are exact, the engine's seconds old)
-    B_max  = min(max_batch, kv_capacity_tokens / C)  (KV memory limits the running batch)
+    B_max  = floor(min(max_batch, kv_capacity_tokens / (n + g)))  (KV memory limits the
+             running batch; counted at full length, so admitted requests are never preempted)
     tpot   = k_tpot * (step_base + step_per_ctx_token * C * min(active + 1, B_max))
     wait   = max(0, active + 1 - B_max) / B_max * tpot * g   (a slot frees every tpot*g/B_max)
-    ttft   = k_ttft * (step_base + prefill_per_token * n * (1 + queued)) + wait
-    B_slo  = the largest batch whose tpot meets the SLO: (slo_tpot/k_tpot - step_base)
+    ttft   = k_ttft * (step_base + prefill_per_token * n * (1 + queued) + wait)
+    B_slo  = the largest batch whose tpot meets the SLO: (0.8*slo_tpot/k_tpot - step_base)
              / (step_per_ctx_token * C), clipped to [0, B_max]  (B_max without a TPOT SLO)
     usd_per_mtok = usd_per_s / (B_slo / tpot(B_slo)) * 1e6   (replica $/s over the tokens/s
              it sustains at the SLO; infinite when it cannot meet the SLO at all)
-    meets_slo = tpot <= slo_tpot and ttft <= slo_ttft
+    meets_slo = tpot <= 0.8 * slo_tpot and ttft <= 0.8 * slo_ttft   (20% headroom: the
+             predictions are averages, the SLO is judged per request)
 
 May touch: numpy and routing types. Must not touch: I/O, clocks.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import numpy as np
@@ -38,6 +40,7 @@ from fleetgate.routing.types import (
 )
 
 DEFAULT_MAX_TOKENS = 256
+SLO_HEADROOM = 0.8
 NAMES = ("ttft_s", "tpot_s", "e2e_s", "usd_per_mtok", "slo_capacity", "active", "load",
          "meets_slo", "kv_headroom_tokens", "fits_context")
 
@@ -45,7 +48,7 @@ NAMES = ("ttft_s", "tpot_s", "e2e_s", "usd_per_mtok", "slo_capacity", "active", 
 T = TypeVar("T")
 
 
-class lazy(Generic[T]):  # noqa: N801  (used as a decorator)
+class lazy(Generic[T]):
     """``functools.cached_property`` without its lock (3.11 takes an RLock per first read)."""
 
     def __init__(self, fn: Callable[[Any], T]) -> None:
@@ -89,10 +92,10 @@ class Estimates:
         return {name: np.asarray(getattr(self, name), dtype=float) for name in NAMES}
 
     def _l(self, name: str) -> FloatArray:
-        return self._live[LIVE_ROW[name]]  # type: ignore[no-any-return]
+        return self._live[LIVE_ROW[name]]
 
     def _s(self, name: str) -> FloatArray:
-        return self._static[STATIC_ROW[name]]  # type: ignore[no-any-return]
+        return self._static[STATIC_ROW[name]]
 
     @lazy
     def active(self) -> FloatArray:
@@ -100,8 +103,9 @@ class Estimates:
 
     @lazy
     def b_max(self) -> FloatArray:
-        cap = np.minimum(self._s("max_batch"), self._s("kv_capacity_tokens") / self._ctx)
-        return np.maximum(cap, 1.0)
+        full = self._n + self._g
+        cap = np.minimum(self._s("max_batch"), self._s("kv_capacity_tokens") / full)
+        return np.maximum(np.floor(cap), 1.0)
 
     def _tpot_at(self, batch: FloatArray) -> FloatArray:
         base, per_ctx = self._s("step_base_s"), self._s("step_per_ctx_token_s")
@@ -116,7 +120,7 @@ class Estimates:
         excess = np.maximum(self.active + (1 - self.b_max), 0.0)
         wait = excess / self.b_max * self.tpot_s * self._g
         prefill = self._s("prefill_s_per_token") * (self._n * (1 + self._l("queued")))
-        return self._l("k_ttft") * (self._s("step_base_s") + prefill) + wait
+        return self._l("k_ttft") * (self._s("step_base_s") + prefill + wait)
 
     @lazy
     def e2e_s(self) -> FloatArray:
@@ -127,7 +131,8 @@ class Estimates:
         if self._slo.tpot_s is None:
             return self.b_max
         base, per_ctx = self._s("step_base_s"), self._s("step_per_ctx_token_s")
-        fit = np.floor((self._slo.tpot_s / self._l("k_tpot") - base) / (per_ctx * self._ctx))
+        target = SLO_HEADROOM * self._slo.tpot_s / self._l("k_tpot")
+        fit = np.floor((target - base) / (per_ctx * self._ctx))
         return np.clip(fit, 0.0, self.b_max)
 
     @lazy
@@ -146,9 +151,9 @@ class Estimates:
     def meets_slo(self) -> FloatArray:
         ok = np.ones(len(self._idx), dtype=bool)
         if self._slo.tpot_s is not None:
-            ok &= self.tpot_s <= self._slo.tpot_s
+            ok &= self.tpot_s <= SLO_HEADROOM * self._slo.tpot_s
         if self._slo.ttft_s is not None:
-            ok &= self.ttft_s <= self._slo.ttft_s
+            ok &= self.ttft_s <= SLO_HEADROOM * self._slo.ttft_s
         return ok.astype(float)
 
     @lazy

@@ -213,7 +213,7 @@ class LiveFleet:
     def describe(self, i: int, now: float) -> dict[str, Any]:
         """Everything known about one endpoint, for /admin/endpoints."""
         st = self.stats[i]
-        row = {name: _num(self._live[_ROW[name], i]) for name in LIVE_COLUMNS
+        row: dict[str, Any] = {name: _num(self._live[_ROW[name], i]) for name in LIVE_COLUMNS
                if name not in ("health", "block_until", "last_contact")}
         row.update({name: _num(self._static[r, i]) for r, name in enumerate(STATIC_COLUMNS)})
         row.update({

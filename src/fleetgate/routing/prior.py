@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 
 from fleetgate.backends.hardware import (
     GPUS,
+    MODEL_PROFILES,
     StepLoad,
     kv_capacity_tokens,
     profile_for_served_name,
@@ -48,11 +49,13 @@ UNKNOWN_PRIOR = Prior(0.05, 1e-7, 1e-3, 65536.0, 64.0, 1e9)
 
 
 def endpoint_prior(accelerator: str, served_model: str, tp: int = 1, stack: str = "stock",
-                   time_scale: float = 1.0, max_model_len: int | None = None) -> Prior:
+                   time_scale: float = 1.0, max_model_len: int | None = None,
+                   profile_name: str | None = None) -> Prior:
     gpu = GPUS.get(accelerator)
     if gpu is None:
         return replace(UNKNOWN_PRIOR, max_model_len=float(max_model_len or 1e9))
-    profile = profile_for_served_name(served_model)
+    profile = (MODEL_PROFILES[profile_name] if profile_name in MODEL_PROFILES
+               else profile_for_served_name(served_model))
     base = step_seconds(gpu, profile, StepLoad(1, 0.0, 0.0), tp, stack)
     bandwidth = gpu.eta_bw.get(stack) * gpu.hbm_tb_s * 1e12
     flops = gpu.eta_fl.get(stack) * gpu.peak_flops(profile.bytes_per_weight)

@@ -104,7 +104,7 @@ class VllmWire:
     ) -> Json:
         usage = usage_body(req, completion_tokens) | {"prompt_tokens_details": None}
         if req.kind == "chat":
-            message = {
+            message: Json = {
                 "role": "assistant",
                 "content": text,
                 "refusal": None,

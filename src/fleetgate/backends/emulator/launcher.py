@@ -141,16 +141,18 @@ async def start_emulator(
     startup_timeout: float = 30.0,
 ) -> EmulatorHandle:
     """Start an emulated engine as a child process; returns once it accepts connections."""
-    config = EmulatorConfig(
-        engine=engine,
-        gpu=gpu,
-        served_models=served_models,
-        profile=profile,
-        speed=speed,
-        stack=stack,
-        tp=tp,  # type: ignore[arg-type]
-        max_queued_requests=max_queued_requests,
-        max_model_len=max_model_len,
+    config = EmulatorConfig.model_validate(
+        {
+            "engine": engine,
+            "gpu": gpu,
+            "served_models": served_models,
+            "profile": profile,
+            "speed": speed,
+            "stack": stack,
+            "tp": tp,
+            "max_queued_requests": max_queued_requests,
+            "max_model_len": max_model_len,
+        }
     )
     process = await asyncio.create_subprocess_exec(
         *_child_command(config, host), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE

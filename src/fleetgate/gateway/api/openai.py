@@ -11,7 +11,6 @@ from __future__ import annotations
 import uuid
 
 import orjson
-
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route

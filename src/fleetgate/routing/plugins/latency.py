@@ -18,4 +18,4 @@ def latency(inp: ScoringInput, _: object) -> FloatArray:
 
 
 def slo(inp: ScoringInput, _: object) -> FloatArray:
-    return inp.est.meets_slo  # type: ignore[no-any-return]
+    return inp.est.meets_slo

@@ -1,0 +1,252 @@
+"""Cost-aware routing on live fleets of emulated engines, through a real gateway over HTTP.
+
+The gateway runs in-process on a real uvicorn server so the tests can drive the collector
+tick by tick (no waiting on timers). Emulated engines run at ``speed`` X (X times faster
+than the GPU they model); the gateway knows X from the ``emulated://`` URL, so the SLOs
+below are wall-clock times (the modelled GPU time divided by X).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from inproc import inproc_gateway, tick
+
+MESSAGES = [{"role": "user", "content": "Tell me about accelerators."}]
+M8B = {"llama-3.1-8b": "meta-llama/Llama-3.1-8B-Instruct"}
+M70B = {"llama-3.1-70b": "meta-llama/Llama-3.1-70B-Instruct-FP8"}
+
+
+def _pool(name: str, gpu: str, engine: str, price: float, src: str, models: dict,
+          **extra: object) -> dict:
+    return {"name": name, "accelerator": gpu, "engine": engine, "price_per_gpu_hour": price,
+            "endpoints": [src], "models": models, **extra}
+
+
+async def _get(target: str) -> httpx.Response:
+    async with httpx.AsyncClient(timeout=30) as c:  # the gateway runs on this event loop
+        return await c.get(target)
+
+
+async def _post(target: str) -> httpx.Response:
+    async with httpx.AsyncClient(timeout=60) as c:
+        return await c.post(target)
+
+
+def _client(url: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=60)
+
+
+async def _stream(client: openai.AsyncOpenAI, model: str, max_tokens: int,
+                  content: str = "hello", headers: dict | None = None) -> dict:
+    """One streamed chat: pool, TTFT and mean TPOT as the client sees them (wall seconds)."""
+    t0 = time.perf_counter()
+    raw = await client.chat.completions.with_raw_response.create(
+        model=model, messages=[{"role": "user", "content": content}], max_tokens=max_tokens,
+        stream=True, stream_options={"include_usage": True}, extra_headers=headers or {})
+    first = None
+    tokens = 0
+    async for chunk in raw.parse():
+        if chunk.choices and chunk.choices[0].delta.content and first is None:
+            first = time.perf_counter()
+        if chunk.usage:
+            tokens = chunk.usage.completion_tokens
+    end = time.perf_counter()
+    assert first is not None and tokens == max_tokens
+    return {"pool": raw.headers["x-fleetgate-pool"], "ttft": first - t0,
+            "tpot": (end - first) / max(1, tokens - 1)}
+
+
+def _cheapest_meeting_slo_fleet() -> dict:
+    """Same H100s at different prices, plus a cheaper pool that cannot meet the SLO."""
+    fast = "?speed=5"
+    return {
+        "pools": [
+            _pool("h100-slow-cheap", "h100", "vllm", 1.00, "emulated://vllm/h100?speed=1", M8B),
+            _pool("h100-cheap", "h100", "vllm", 2.00, "emulated://vllm/h100" + fast, M8B),
+            _pool("h100-mid", "h100", "vllm", 2.50, "emulated://vllm/h100" + fast, M8B),
+            _pool("h200-dear", "h200", "sglang", 3.60, "emulated://sglang/h200" + fast, M8B),
+        ],
+        "policies": {"cheapest": {"strategy": "cost", "slo": {"ttft_ms": 300, "tpot_ms": 5}},
+                     "fastest": {"strategy": "latency"}},
+        "default_policy": "cheapest",
+    }
+
+
+async def test_light_load_goes_to_the_cheapest_endpoint_meeting_the_slo(tmp_path: Path) -> None:
+    async with inproc_gateway(_cheapest_meeting_slo_fleet(), tmp_path) as (url, state):
+        client = _client(url)
+        pools = Counter()
+        for _ in range(40):
+            pools[(await _stream(client, "llama-3.1-8b", 8))["pool"]] += 1
+            await tick(state)
+        assert pools["h100-cheap"] >= 38, pools  # >= 95%
+        decisions = (await _get(url + "/admin/decisions?limit=1")).json()["decisions"]
+        slow = next(c for c in decisions[0]["candidates"] if c["endpoint"] == "h100-slow-cheap-0")
+        assert slow["estimates"]["meets_slo"] == 0.0  # cheaper per hour, but too slow
+
+
+async def test_load_beyond_capacity_spills_and_still_meets_the_slo(tmp_path: Path) -> None:
+    """70B FP8 on one H100 leaves KV room for ~2.4k tokens: a handful of requests at once."""
+    src = "emulated://vllm/h100?speed=5"
+    config = {
+        "pools": [_pool("h100-cheap", "h100", "vllm", 2.00, src, M70B, max_model_len=2048),
+                  _pool("h100-dear", "h100", "vllm", 3.00, src, M70B, max_model_len=2048)],
+        "policies": {"cheapest": {"strategy": "cost", "slo": {"ttft_ms": 150, "tpot_ms": 15}}},
+        "default_policy": "cheapest",
+    }
+    content = "x" * 800  # ~210 prompt tokens + 64 out: 8 fit in one replica's KV cache
+    async with inproc_gateway(config, tmp_path) as (url, _state):
+        client = _client(url)
+        results: list[dict] = []
+
+        async def worker(n: int) -> None:
+            for _ in range(n):
+                results.append(await _stream(client, "llama-3.1-70b", 64, content))
+
+        await asyncio.gather(*(worker(6) for _ in range(12)))
+        pools = Counter(r["pool"] for r in results)
+        assert pools["h100-cheap"] > pools["h100-dear"] > 0, pools  # filled first, then spilled
+        slow = [r for r in results if r["ttft"] > 0.150 or r["tpot"] > 0.015]
+        print(f"pools {dict(pools)}; SLO misses {len(slow)}/{len(results)}: {slow[:3]}")
+        assert len(slow) <= len(results) // 100, slow  # >= 99% meet the SLO
+
+
+async def test_slowed_endpoint_loses_traffic_under_latency_and_cost(tmp_path: Path) -> None:
+    config = _cheapest_meeting_slo_fleet()
+    async with inproc_gateway(config, tmp_path) as (url, state):
+        client = _client(url)
+        fleet = state.generation.fleet
+        cheap = fleet.endpoints[fleet.index("h100-cheap-0")]
+        for policy, victim in (("cheapest", "h100-cheap"), ("fastest", None)):
+            headers = {"x-fleetgate-policy": policy}
+            first = (await _stream(client, "llama-3.1-8b", 8, headers=headers))["pool"]
+            victim = victim or first
+            url_of = fleet.endpoints[fleet.index(f"{victim}-0")].url
+            httpx.post(url_of + "/emulator/faults", json={"slow_factor": 5}).raise_for_status()
+            seen = []
+            for _ in range(12):
+                seen.append((await _stream(client, "llama-3.1-8b", 8, headers=headers))["pool"])
+                await tick(state)
+            assert victim not in seen[-6:], (policy, seen)
+            httpx.post(url_of + "/emulator/faults", json={"slow_factor": 1}).raise_for_status()
+        assert cheap.url
+
+
+async def test_every_decision_is_explainable(tmp_path: Path) -> None:
+    async with inproc_gateway(_cheapest_meeting_slo_fleet(), tmp_path) as (url, _state):
+        client = _client(url)
+        rid = "explain-me-1"
+        await _stream(client, "llama-3.1-8b", 4, headers={"x-request-id": rid})
+        body = (await _get(url + "/admin/decisions?limit=5")).json()["decisions"]
+        d = next(x for x in body if x["request_id"] == rid)
+        assert d["policy"] == "cheapest" and d["chosen"] == "h100-cheap-0"
+        assert d["reason"] and d["estimated_usd_per_mtok"] > 0
+        assert len(d["candidates"]) == 4
+        for c in d["candidates"]:
+            assert set(c["scores"]) == {"cost"}
+            assert {"ttft_s", "tpot_s", "usd_per_mtok", "meets_slo"} <= set(c["estimates"])
+        assert d["attempts"] == [{"endpoint": "h100-cheap-0", "status": 200}]
+        assert (await _get(url + "/admin/decisions?limit=0")).status_code == 400
+        eps = (await _get(url + "/admin/endpoints")).json()
+        assert {e["id"] for e in eps["endpoints"]} >= {"h100-cheap-0", "h200-dear-0"}
+        assert {p["pool"] for p in eps["pools"]} == {"h100-slow-cheap", "h100-cheap",
+                                                     "h100-mid", "h200-dear"}
+
+
+async def test_invalid_reload_keeps_the_old_config_serving(tmp_path: Path) -> None:
+    async with inproc_gateway(_cheapest_meeting_slo_fleet(), tmp_path) as (url, state):
+        path = state.settings.config_path
+        assert path is not None
+        good = path.read_text()
+        path.write_text(good.replace("price_per_gpu_hour: 2.0", "price_per_gpu_hour: -2.0"))
+        resp = await _post(url + "/admin/reload")
+        assert resp.status_code == 400
+        assert any(e.startswith("pools[1].price_per_gpu_hour") for e in
+                   resp.json()["error"]["errors"]), resp.json()
+        client = _client(url)
+        assert (await _stream(client, "llama-3.1-8b", 2))["pool"] == "h100-cheap"
+        path.write_text(good.replace("default_policy: cheapest", "default_policy: fastest"))
+        resp = await _post(url + "/admin/reload")
+        assert resp.status_code == 200, resp.text
+        raw = await client.chat.completions.with_raw_response.create(
+            model="llama-3.1-8b", messages=MESSAGES, max_tokens=2)
+        assert raw.headers["x-fleetgate-policy"] == "fastest"
+
+
+@pytest.mark.parametrize("policy", ["round_robin", "least_loaded"])
+async def test_killed_endpoint_fails_over_opens_breaker_and_recovers(
+        tmp_path: Path, policy: str) -> None:
+    from procs import free_port, spawn_emulator
+
+    port = free_port()
+    victim = spawn_emulator("vllm", "h100", [M8B["llama-3.1-8b"]], speed=5, port=port)
+    other = spawn_emulator("sglang", "mi300x", [M8B["llama-3.1-8b"]], speed=5)
+    config = {"pools": [_pool("victim", "h100", "vllm", 2.0, victim.url, M8B),
+                        _pool("other", "mi300x", "sglang", 2.0, other.url, M8B)],
+              "policies": {"p": {"strategy": policy}}, "default_policy": "p"}
+    try:
+        async with inproc_gateway(config, tmp_path) as (url, state):
+            client = _client(url)
+            load = [asyncio.create_task(_stream(client, "llama-3.1-8b", 16)) for _ in range(8)]
+            await asyncio.sleep(0.01)
+            victim.kill()
+            after = [await _stream(client, "llama-3.1-8b", 4) for _ in range(10)]
+            assert {r["pool"] for r in after} == {"other"}  # not one request failed
+            done = await asyncio.gather(*load, return_exceptions=True)
+            failed = [d for d in done if isinstance(d, BaseException)]
+            # a failure may only be a stream that had started: never an HTTP error status
+            assert not any(isinstance(e, openai.APIStatusError) for e in failed), failed
+            live = state.generation.fleet.live
+            i = live.index["victim-0"]
+            assert live.stats[i].health.state == "not_ready"
+            victim = spawn_emulator("vllm", "h100", [M8B["llama-3.1-8b"]], speed=5, port=port)
+            await tick(state)
+            assert live.stats[i].health.state == "ready"
+            back = Counter([(await _stream(client, "llama-3.1-8b", 2))["pool"]
+                            for _ in range(10)])
+            assert back["victim"] > 0, back
+    finally:
+        victim.stop()
+        other.stop()
+
+
+async def test_breaker_opens_on_failing_endpoint_and_closes_after_cooldown(tmp_path: Path) -> None:
+    from procs import spawn_emulator
+
+    served = M8B["llama-3.1-8b"]
+    bad = spawn_emulator("vllm", "h100", [served], speed=5)
+    good = spawn_emulator("vllm", "h100", [served], speed=5)
+    config = {"pools": [_pool("bad", "h100", "vllm", 1.0, bad.url, M8B),
+                        _pool("good", "h100", "vllm", 2.0, good.url, M8B)],
+              "policies": {"p": {"strategy": "round_robin"}}, "default_policy": "p"}
+    try:
+        async with inproc_gateway(config, tmp_path) as (url, state):
+            fleet = state.generation.fleet
+            now = [time.monotonic()]
+            fleet.clock = lambda: now[0]  # the breaker's cooldown runs on this clock
+            httpx.post(bad.url + "/emulator/faults", json={"fail_next": 1000, "fail_status": 503})
+            client = _client(url)
+            pools = [(await _stream(client, "llama-3.1-8b", 2))["pool"] for _ in range(14)]
+            assert set(pools) == {"good"}  # every 503 was retried on the other endpoint
+            breaker = fleet.live.stats[fleet.index("bad-0")].breaker
+            assert breaker.state == "open" and breaker.consecutive_failures == 5
+            seen = len(httpx.get(bad.url + "/emulator/requests").json()["requests"])
+            for _ in range(4):
+                await _stream(client, "llama-3.1-8b", 2)
+            assert len(httpx.get(bad.url + "/emulator/requests").json()["requests"]) == seen
+            httpx.post(bad.url + "/emulator/faults", json={"fail_next": 0})
+            now[0] += 6.0  # past the 5 s cooldown: one half-open probe request may go
+            await tick(state)
+            pools = [(await _stream(client, "llama-3.1-8b", 2))["pool"] for _ in range(6)]
+            assert "bad" in pools and breaker.state == "closed"
+    finally:
+        bad.stop()
+        good.stop()
