@@ -95,26 +95,27 @@ async def test_light_load_goes_to_the_cheapest_endpoint_meeting_the_slo(tmp_path
 
 async def test_load_beyond_capacity_spills_and_still_meets_the_slo(tmp_path: Path) -> None:
     """70B FP8 on one H100 leaves KV room for ~2.4k tokens: a handful of requests at once."""
-    src = "emulated://vllm/h100?speed=5"
+    src = "emulated://vllm/h100?speed=2"
     config = {
         "pools": [_pool("h100-cheap", "h100", "vllm", 2.00, src, M70B, max_model_len=2048),
                   _pool("h100-dear", "h100", "vllm", 3.00, src, M70B, max_model_len=2048)],
-        "policies": {"cheapest": {"strategy": "cost", "slo": {"ttft_ms": 150, "tpot_ms": 15}}},
+        "policies": {"cheapest": {"strategy": "cost", "slo": {"ttft_ms": 375, "tpot_ms": 40}}},
         "default_policy": "cheapest",
     }
-    content = "x" * 800  # ~210 prompt tokens + 64 out: 8 fit in one replica's KV cache
+    content = "x" * 800  # ~210 prompt tokens + 32 out: 10 fit in one replica's KV cache
     async with inproc_gateway(config, tmp_path) as (url, _state):
         client = _client(url)
         results: list[dict] = []
 
-        async def worker(n: int) -> None:
+        async def worker(k: int, n: int) -> None:
+            await asyncio.sleep(0.02 * k)  # a 240 ms ramp, not one 12-request burst
             for _ in range(n):
-                results.append(await _stream(client, "llama-3.1-70b", 64, content))
+                results.append(await _stream(client, "llama-3.1-70b", 32, content))
 
-        await asyncio.gather(*(worker(6) for _ in range(12)))
+        await asyncio.gather(*(worker(k, 10) for k in range(12)))
         pools = Counter(r["pool"] for r in results)
         assert pools["h100-cheap"] > pools["h100-dear"] > 0, pools  # filled first, then spilled
-        slow = [r for r in results if r["ttft"] > 0.150 or r["tpot"] > 0.015]
+        slow = [r for r in results if r["ttft"] > 0.375 or r["tpot"] > 0.040]
         print(f"pools {dict(pools)}; SLO misses {len(slow)}/{len(results)}: {slow[:3]}")
         assert len(slow) <= len(results) // 100, slow  # >= 99% meet the SLO
 
@@ -181,7 +182,7 @@ async def test_invalid_reload_keeps_the_old_config_serving(tmp_path: Path) -> No
         assert raw.headers["x-fleetgate-policy"] == "fastest"
 
 
-@pytest.mark.parametrize("policy", ["round_robin", "least_loaded"])
+@pytest.mark.parametrize("policy", ["round_robin", "power_of_two"])
 async def test_killed_endpoint_fails_over_opens_breaker_and_recovers(
         tmp_path: Path, policy: str) -> None:
     from procs import free_port, spawn_emulator
@@ -194,6 +195,9 @@ async def test_killed_endpoint_fails_over_opens_breaker_and_recovers(
               "policies": {"p": {"strategy": policy}}, "default_policy": "p"}
     try:
         async with inproc_gateway(config, tmp_path) as (url, state):
+            fleet = state.generation.fleet
+            now = [time.monotonic()]
+            fleet.clock = lambda: now[0]  # breaker cooldowns run on this clock
             client = _client(url)
             load = [asyncio.create_task(_stream(client, "llama-3.1-8b", 16)) for _ in range(8)]
             await asyncio.sleep(0.01)
@@ -204,12 +208,14 @@ async def test_killed_endpoint_fails_over_opens_breaker_and_recovers(
             failed = [d for d in done if isinstance(d, BaseException)]
             # a failure may only be a stream that had started: never an HTTP error status
             assert not any(isinstance(e, openai.APIStatusError) for e in failed), failed
-            live = state.generation.fleet.live
+            await tick(state, 2)  # two failed probes: not ready, whoever saw it first
+            live = fleet.live
             i = live.index["victim-0"]
             assert live.stats[i].health.state == "not_ready"
             victim = spawn_emulator("vllm", "h100", [M8B["llama-3.1-8b"]], speed=5, port=port)
             await tick(state)
             assert live.stats[i].health.state == "ready"
+            now[0] += 6.0  # past the breaker's cooldown: a half-open probe request may go
             back = Counter([(await _stream(client, "llama-3.1-8b", 2))["pool"]
                             for _ in range(10)])
             assert back["victim"] > 0, back

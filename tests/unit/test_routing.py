@@ -129,7 +129,7 @@ def test_max_queue_and_context_fit_filters() -> None:
 
 def test_builtin_prefilters_health_breaker_and_staleness() -> None:
     live = make_fleet()
-    live.on_refused(live.index["h100-vllm-0"], "refused")
+    live.on_refused(live.index["h100-vllm-0"], 1.0, "refused")
     for _ in range(3):
         live.on_dispatch(live.index["h200-sglang-0"], 1.0)
         live.on_failure(live.index["h200-sglang-0"], 1.0)

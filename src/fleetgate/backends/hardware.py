@@ -15,7 +15,8 @@ degree TP running a step that processes ``T`` tokens (decodes + prefill-chunk to
     t_step = max(t_mem, t_cmp) + t_comm + t_ovh
 
 W = weight bytes, kv = KV bytes per token, F = dense peak FLOPS of the weights' precision,
-η and t_ovh per software stack ("stock" upstream release vs "tuned"). alpha and BW_link (the
+η and t_ovh per software stack ("stock" upstream release vs "tuned"), both η scaled by the
+GPU's small-model factor for models under 20B active parameters. alpha and BW_link (the
 all-reduce latency and per-direction link bandwidth) are estimates [E]. KV capacity:
 ``K_max = (HBM·gpu_memory_utilization - W/TP - workspace)·TP / kv``.
 
@@ -66,6 +67,7 @@ class GpuSpec:
     step_overhead_ms: PerStack
     link_gb_s: float  # per-GPU, per-direction scale-up link bandwidth (NVLink / Infinity Fabric)
     allreduce_latency_us: float  # alpha: fixed cost of one small all-reduce [E]
+    small_model_efficiency: PerStack = PerStack(1.0, 1.0)  # x eta below 20B active params [E]
 
     def peak_flops(self, bytes_per_weight: float) -> float:
         """Dense FLOP/s for the compute precision that matches the weights."""
@@ -90,6 +92,7 @@ def _gpu(
     ovh: tuple[float, float],
     link: float,
     alpha: float,
+    small: tuple[float, float] = (1.0, 1.0),
 ) -> GpuSpec:
     return GpuSpec(
         name=name,
@@ -106,106 +109,35 @@ def _gpu(
         step_overhead_ms=PerStack(*ovh),
         link_gb_s=link,
         allreduce_latency_us=alpha,
+        small_model_efficiency=PerStack(*small),
     )
 
 
-# gpus.md §6 (one row per GPU). Links: NVLink4 450 GB/s, NVLink5 900 GB/s per direction;
-# MI300X/MI325X 7 x 64 GB/s Infinity Fabric, MI355X 7 x 76.8 GB/s.
+# gpus.md §6, one row per GPU: name, vendor, HBM GB, TB/s, BF16 / FP8 / FP4 dense TFLOPS,
+# mid $/GPU-hr, eta_bw, eta_fl and step overhead ms as (stock, tuned), link GB/s per
+# direction (NVLink4 450, NVLink5 900, MI300X/MI325X 7 x 64 GB/s Infinity Fabric, MI355X
+# 7 x 76.8), all-reduce alpha us, and the small-model efficiency multiplier (stock, tuned):
+# stock ROCm stacks lose much more on small dense models than on 70B (gpus.md: H200 beats
+# MI300X by 1.40-2.06x on Llama-8B at c=256 with the same vLLM, but not on 70B) [E].
+# fmt: off
 GPUS: dict[str, GpuSpec] = {
     g.name: g
     for g in (
-        _gpu(
-            "h100",
-            "nvidia",
-            80,
-            3.35,
-            989,
-            1979,
-            None,
-            2.95,
-            (0.52, 0.65),
-            (0.40, 0.55),
-            (2.0, 0.7),
-            450,
-            8,
-        ),
-        _gpu(
-            "h200",
-            "nvidia",
-            141,
-            4.8,
-            989,
-            1979,
-            None,
-            3.60,
-            (0.52, 0.65),
-            (0.40, 0.55),
-            (2.0, 0.7),
-            450,
-            8,
-        ),
-        _gpu(
-            "b200",
-            "nvidia",
-            180,
-            7.7,
-            2250,
-            4500,
-            9000,
-            6.00,
-            (0.48, 0.65),
-            (0.35, 0.55),
-            (2.0, 0.7),
-            900,
-            6,
-        ),
-        _gpu(
-            "mi300x",
-            "amd",
-            192,
-            5.3,
-            1307.4,
-            2614.9,
-            None,
-            2.00,
-            (0.42, 0.60),
-            (0.30, 0.45),
-            (3.0, 1.0),
-            448,
-            12,
-        ),
-        _gpu(
-            "mi325x",
-            "amd",
-            256,
-            6.0,
-            1307.4,
-            2614.9,
-            None,
-            2.25,
-            (0.42, 0.60),
-            (0.30, 0.45),
-            (3.0, 1.0),
-            448,
-            12,
-        ),
-        _gpu(
-            "mi355x",
-            "amd",
-            288,
-            8.0,
-            2516.6,
-            5033.2,
-            10066,
-            3.00,
-            (0.40, 0.60),
-            (0.28, 0.45),
-            (3.0, 1.0),
-            537,
-            10,
-        ),
+        _gpu("h100", "nvidia", 80, 3.35, 989, 1979, None, 2.95,
+             (0.52, 0.65), (0.40, 0.55), (2.0, 0.7), 450, 8),
+        _gpu("h200", "nvidia", 141, 4.8, 989, 1979, None, 3.60,
+             (0.52, 0.65), (0.40, 0.55), (2.0, 0.7), 450, 8),
+        _gpu("b200", "nvidia", 180, 7.7, 2250, 4500, 9000, 6.00,
+             (0.48, 0.65), (0.35, 0.55), (2.0, 0.7), 900, 6),
+        _gpu("mi300x", "amd", 192, 5.3, 1307.4, 2614.9, None, 2.00,
+             (0.42, 0.60), (0.30, 0.45), (3.0, 1.0), 448, 12, small=(0.70, 0.85)),
+        _gpu("mi325x", "amd", 256, 6.0, 1307.4, 2614.9, None, 2.25,
+             (0.42, 0.60), (0.30, 0.45), (3.0, 1.0), 448, 12, small=(0.70, 0.85)),
+        _gpu("mi355x", "amd", 288, 8.0, 2516.6, 5033.2, 10066, 3.00,
+             (0.40, 0.60), (0.28, 0.45), (3.0, 1.0), 537, 10, small=(0.70, 0.85)),
     )
 }
+# fmt: on
 
 
 @dataclass(frozen=True)
@@ -307,6 +239,16 @@ def min_tensor_parallel(
     raise ValueError(f"{profile.name} does not fit on 8 x {gpu.name}")
 
 
+SMALL_MODEL_ACTIVE_PARAMS = 20e9
+
+
+def efficiency_scale(gpu: GpuSpec, profile: ModelProfile, stack: str) -> float:
+    """Multiplier on eta_bw and eta_fl: the GPU's small-model factor below 20B active params."""
+    if profile.active_params < SMALL_MODEL_ACTIVE_PARAMS:
+        return gpu.small_model_efficiency.get(stack)
+    return 1.0
+
+
 @dataclass(frozen=True)
 class StepLoad:
     """What one engine step processes (see the module docstring for the symbols)."""
@@ -320,8 +262,9 @@ def step_seconds(
     gpu: GpuSpec, profile: ModelProfile, load: StepLoad, tp: int = 1, stack: str = "stock"
 ) -> float:
     """Roofline duration of one continuous-batching step (module docstring formula)."""
-    bw = gpu.eta_bw.get(stack) * gpu.hbm_tb_s * 1e12
-    flops = gpu.eta_fl.get(stack) * gpu.peak_flops(profile.bytes_per_weight)
+    scale = efficiency_scale(gpu, profile, stack)
+    bw = scale * gpu.eta_bw.get(stack) * gpu.hbm_tb_s * 1e12
+    flops = scale * gpu.eta_fl.get(stack) * gpu.peak_flops(profile.bytes_per_weight)
     bytes_moved = (profile.weight_bytes + profile.kv_bytes_per_token * load.kv_tokens_read) / tp
     t_mem = bytes_moved / bw
     work = 2 * profile.active_params * load.tokens

@@ -183,7 +183,7 @@ class ChatService:
                 resp = await self._backend.post(ep.url + req.path, body, headers, self._timeouts)
             except UpstreamError as exc:
                 if exc.kind == "connect":
-                    fleet.live.on_refused(i, "connect refused (relay)")
+                    fleet.live.on_refused(i, fleet.clock(), "connect refused (relay)")
                 raise _Retry(504 if exc.kind == "timeout" else 502, f"{ep.id}: {exc}") from None
             out_headers = {"x-fleetgate-pool": ep.pool, "x-fleetgate-endpoint": ep.id,
                            "x-fleetgate-policy": policy, "x-request-id": req.request_id}

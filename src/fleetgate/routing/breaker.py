@@ -49,6 +49,11 @@ class CircuitBreaker:
     def on_success(self) -> None:
         self.state, self.consecutive_failures, self.probe_in_flight = "closed", 0, False
 
+    def trip(self, now: float) -> None:
+        """Open at once (a refused connection needs no second opinion)."""
+        self.consecutive_failures = max(self.consecutive_failures, self.failure_threshold)
+        self.state, self.opened_at, self.probe_in_flight = "open", now, False
+
     def on_failure(self, now: float) -> None:
         self.consecutive_failures += 1
         self.probe_in_flight = False

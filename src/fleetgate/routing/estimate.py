@@ -9,7 +9,9 @@ nothing. With the prior of ``prior.py`` corrected by the learned ``k_tpot``/``k_
     B_max  = floor(min(max_batch, kv_capacity_tokens / (n + g)))  (KV memory limits the
              running batch; counted at full length, so admitted requests are never preempted)
     tpot   = k_tpot * (step_base + step_per_ctx_token * C * min(active + 1, B_max))
-    wait   = max(0, active + 1 - B_max) / B_max * tpot * g   (a slot frees every tpot*g/B_max)
+    wait   = ceil(max(0, active + 1 - B_max) / B_max) * tpot * g   (beyond the batch a request
+             waits, at worst, for a whole generation to free a slot: the running requests may
+             all have started together)
     ttft   = k_ttft * (step_base + prefill_per_token * n * (1 + queued) + wait)
     B_slo  = the largest batch whose tpot meets the SLO: (0.8*slo_tpot/k_tpot - step_base)
              / (step_per_ctx_token * C), clipped to [0, B_max]  (B_max without a TPOT SLO)
@@ -118,7 +120,7 @@ class Estimates:
     @lazy
     def ttft_s(self) -> FloatArray:
         excess = np.maximum(self.active + (1 - self.b_max), 0.0)
-        wait = excess / self.b_max * self.tpot_s * self._g
+        wait = np.ceil(excess / self.b_max) * self.tpot_s * self._g
         prefill = self._s("prefill_s_per_token") * (self._n * (1 + self._l("queued")))
         return self._l("k_ttft") * (self._s("step_base_s") + prefill + wait)
 

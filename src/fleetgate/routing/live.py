@@ -154,9 +154,13 @@ class LiveFleet:
         """The client went away: free the slot, learn nothing."""
         self._release(i)
 
-    def on_refused(self, i: int, detail: str) -> None:
-        if self.stats[i].health.on_refused(detail):
+    def on_refused(self, i: int, now: float, detail: str) -> None:
+        """The engine refused a connection: not ready, and its breaker opens at once."""
+        st = self.stats[i]
+        if st.health.on_refused(detail):
             self._live[_ROW["health"], i] = HEALTH_CODES["not_ready"]
+        st.breaker.trip(now)
+        self._live[_ROW["block_until"], i] = now + st.breaker.cooldown_s
 
     # -- background signals ------------------------------------------------------------
     def on_probe(self, i: int, now: float, ok: bool, detail: str) -> bool:

@@ -4,15 +4,18 @@ Same endpoints, SSE framing, usage chunk, error shapes and ``/metrics`` names as
 engines, over a continuous-batching performance model per GPU (perfmodel.py, using the GPU
 catalog in fleetgate.backends.hardware). Module map:
 
-* ``config``   - ``EmulatorConfig`` (validated settings, engine defaults)
-* ``perfmodel``- ``EngineSim``: the pure scheduler + roofline step cost
-* ``runtime``  - the asyncio engine loop feeding per-request queues
-* ``parsing``  - request validation and token counting per engine
-* ``formats``  - chunk / response / error bodies per engine
-* ``metrics``  - Prometheus exposition per engine (private registry)
-* ``faults``   - run-time fault injection (``/emulator/faults``)
-* ``server``   - the Starlette app (``create_emulator_app``) and the ``/emulator/*`` surface
-* ``launcher`` - ``run_emulator`` (this process) and ``start_emulator`` (a child process)
+* ``config``         - ``EmulatorConfig`` (validated settings, engine defaults)
+* ``perfmodel``      - ``EngineSim``: the pure scheduler + roofline step cost
+* ``runtime``        - the asyncio engine loop feeding per-request token queues
+* ``parsing``        - request validation and token counting per engine
+* ``formats``        - SSE framing, usage, filler text, model cards (shared)
+* ``formats_vllm`` / ``formats_sglang``   - chunk / response / error bodies per engine
+* ``metrics``        - the metrics hook protocol and family tables (shared)
+* ``metrics_vllm`` / ``metrics_sglang``   - Prometheus families per engine (private registry)
+* ``faults``         - run-time fault injection (``/emulator/faults``) as ASGI middleware
+* ``responses``      - the token-streaming ASGI response (aborts on disconnect), request log
+* ``server``         - the Starlette app (``create_emulator_app``) and ``/emulator/*``
+* ``launcher``       - ``run_emulator`` (this process) and ``start_emulator`` (a child)
 
 Public API: ``EmulatorConfig``, ``create_emulator_app``, ``run_emulator``, ``start_emulator``,
 ``EmulatorHandle``. May touch: fleetgate.backends.hardware only, outside this package.

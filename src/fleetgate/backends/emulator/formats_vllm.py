@@ -102,53 +102,17 @@ class VllmWire:
     def response(
         self, req: ParsedRequest, text: str, completion_tokens: int, finish_reason: str
     ) -> Json:
-        usage = usage_body(req, completion_tokens) | {"prompt_tokens_details": None}
         if req.kind == "chat":
-            message: Json = {
-                "role": "assistant",
-                "content": text,
-                "refusal": None,
-                "annotations": None,
-                "audio": None,
-                "function_call": None,
-                "tool_calls": [],
-                "reasoning": None,
-            }
-            choice: Json = {
-                "index": 0,
-                "message": message,
-                "logprobs": None,
-                "finish_reason": finish_reason,
-                "stop_reason": None,
-                "token_ids": None,
-            }
+            choice = _chat_choice(text, finish_reason)
             tail: Json = {"prompt_logprobs": None, "prompt_token_ids": None}
         else:
-            choice = {
-                "index": 0,
-                "text": text,
-                "logprobs": None,
-                "finish_reason": finish_reason,
-                "stop_reason": None,
-                "prompt_logprobs": None,
-                "prompt_token_ids": None,
-                "token_ids": None,
-            }
+            choice = _completion_choice(text, finish_reason)
             tail = {}
-        return (
-            {
-                "id": req.request_id,
-                "object": response_object(req),
-                "created": req.created,
-                "model": req.model,
-                "choices": [choice],
-                "service_tier": None,
-                "system_fingerprint": None,
-                "usage": usage,
-            }
-            | tail
-            | {"kv_transfer_params": None}
-        )
+        usage = usage_body(req, completion_tokens) | {"prompt_tokens_details": None}
+        head = {"id": req.request_id, "object": response_object(req), "created": req.created,
+                "model": req.model, "choices": [choice], "service_tier": None,
+                "system_fingerprint": None, "usage": usage}  # fmt: skip
+        return head | tail | {"kv_transfer_params": None}
 
     def error(
         self,
@@ -160,3 +124,17 @@ class VllmWire:
         in_stream: bool = False,
     ) -> Json:
         return {"error": {"message": message, "type": err_type, "param": param, "code": status}}
+
+
+def _chat_choice(text: str, finish_reason: str) -> Json:
+    message: Json = {"role": "assistant", "content": text, "refusal": None,
+                     "annotations": None, "audio": None, "function_call": None,
+                     "tool_calls": [], "reasoning": None}  # fmt: skip
+    return {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason,
+            "stop_reason": None, "token_ids": None}  # fmt: skip
+
+
+def _completion_choice(text: str, finish_reason: str) -> Json:
+    return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason,
+            "stop_reason": None, "prompt_logprobs": None, "prompt_token_ids": None,
+            "token_ids": None}  # fmt: skip

@@ -15,8 +15,11 @@ May touch: prometheus_client. Must not touch: the engine, asyncio, HTTP.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Literal, Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
 @dataclass(frozen=True)
@@ -55,3 +58,46 @@ class EngineMetrics(Protocol):
     def on_step(self, tokens: int) -> None: ...
 
     def render(self, accept: str, gauges: EngineGauges) -> tuple[bytes, str]: ...
+
+
+@dataclass(frozen=True)
+class Family:
+    """One metric family: its type, exposed name, help text and label names."""
+
+    kind: Literal["gauge", "counter", "histogram"]
+    name: str
+    doc: str
+    extra_labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = ()
+    labels: tuple[str, ...] | None = None  # replaces the base label names when set
+
+
+def register(
+    registry: CollectorRegistry, families: Iterable[Family], base_labels: tuple[str, ...]
+) -> dict[str, Any]:
+    """Create every family in ``registry``; returns them by exposed name."""
+    out: dict[str, Any] = {}
+    for fam in families:
+        names = [*(fam.labels if fam.labels is not None else base_labels), *fam.extra_labels]
+        if fam.kind == "gauge":
+            out[fam.name] = Gauge(
+                fam.name, fam.doc, names, registry=registry, multiprocess_mode="mostrecent"
+            )
+        elif fam.kind == "counter":
+            out[fam.name] = Counter(fam.name, fam.doc, names, registry=registry)
+        else:
+            out[fam.name] = Histogram(
+                fam.name, fam.doc, names, registry=registry, buckets=fam.buckets
+            )
+    return out
+
+
+def bind(
+    families: dict[str, Any], specs: Iterable[Family], labels: dict[str, str]
+) -> dict[str, Any]:
+    """The labelled child of every family that has no extra labels."""
+    return {
+        f.name: families[f.name].labels(**labels)
+        for f in specs
+        if not f.extra_labels and f.labels is None
+    }

@@ -12,18 +12,16 @@ May touch: prometheus_client. Must not touch: the engine, asyncio, HTTP.
 
 from __future__ import annotations
 
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    GCCollector,
-    Histogram,
-    PlatformCollector,
-    ProcessCollector,
-)
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.exposition import choose_encoder
 
-from fleetgate.backends.emulator.metrics import EngineGauges, FinishedRequest
+from fleetgate.backends.emulator.metrics import (
+    EngineGauges,
+    Family,
+    FinishedRequest,
+    bind,
+    register,
+)
 
 # fmt: off
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
@@ -50,149 +48,109 @@ def build_1_2_5_buckets(limit: int) -> tuple[float, ...]:
         exponent += 1
 
 
+# fmt: off
+def vllm_families(max_model_len: int) -> tuple[Family, ...]:
+    """The families this emulator exposes, with vLLM's names, help texts and buckets."""
+    tokens = build_1_2_5_buckets(max_model_len)
+    return (
+        Family("gauge", "vllm:num_requests_running",
+               "Number of requests in model execution batches."),
+        Family("gauge", "vllm:num_requests_waiting",
+               "Number of requests waiting to be processed."),
+        Family("gauge", "vllm:num_requests_waiting_by_reason",
+               "Number of requests waiting, by reason.", ("reason",)),
+        Family("gauge", "vllm:engine_sleep_state", "Engine sleep state; awake = 0 means "
+               "engine is sleeping; awake = 1 means engine is awake", ("sleep_state",)),
+        Family("gauge", "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."),
+        Family("counter", "vllm:prefix_cache_queries",
+               "Prefix cache queries, in terms of number of queried tokens."),
+        Family("counter", "vllm:prefix_cache_hits",
+               "Prefix cache hits, in terms of number of cached tokens."),
+        Family("counter", "vllm:num_preemptions",
+               "Cumulative number of preemption from the engine."),
+        Family("counter", "vllm:prompt_tokens", "Number of prefill tokens processed."),
+        Family("counter", "vllm:generation_tokens", "Number of generation tokens processed."),
+        Family("counter", "vllm:request_success", "Count of successfully processed requests.",
+               ("finished_reason",)),
+        Family("counter", "vllm:admission_rejections",
+               "Requests rejected at admission (HTTP 503).", labels=("model_name", "reason")),
+        Family("histogram", "vllm:request_prompt_tokens",
+               "Number of prefill tokens processed.", buckets=tokens),
+        Family("histogram", "vllm:request_generation_tokens",
+               "Number of generation tokens processed.", buckets=tokens),
+        Family("histogram", "vllm:request_params_max_tokens",
+               "Histogram of the max_tokens request parameter.", buckets=tokens),
+        Family("histogram", "vllm:iteration_tokens_total",
+               "Histogram of number of tokens per engine_step.", buckets=ITERATION_BUCKETS),
+        Family("histogram", "vllm:time_to_first_token_seconds",
+               "Histogram of time to first token in seconds.", buckets=TTFT_BUCKETS),
+        Family("histogram", "vllm:inter_token_latency_seconds",
+               "Histogram of inter-token latency in seconds.", buckets=ITL_BUCKETS),
+        Family("histogram", "vllm:request_time_per_output_token_seconds",
+               "Histogram of time_per_output_token_seconds per request.", buckets=ITL_BUCKETS),
+        Family("histogram", "vllm:e2e_request_latency_seconds",
+               "Histogram of e2e request latency in seconds.", buckets=LATENCY_BUCKETS),
+    )
+
+
+# fmt: on
 class VllmMetrics:
     """vLLM 0.33 ``PrometheusStatLogger`` families for one engine (DP rank 0)."""
 
     def __init__(self, model_name: str, max_model_len: int) -> None:
-        self.registry = reg = CollectorRegistry()
+        self.registry = CollectorRegistry()
         for collector in (ProcessCollector, PlatformCollector, GCCollector):
-            collector(registry=reg)
-        names = ["model_name", "engine"]
+            collector(registry=self.registry)
+        specs = vllm_families(max_model_len)
+        fams = register(self.registry, specs, ("model_name", "engine"))
         lab = {"model_name": model_name, "engine": "0"}
-
-        def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(f"vllm:{name}", doc, names, registry=reg, multiprocess_mode="mostrecent")
-
-        def counter(name: str, doc: str) -> Counter:
-            return Counter(f"vllm:{name}", doc, names, registry=reg)
-
-        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-            return Histogram(f"vllm:{name}", doc, names, registry=reg, buckets=buckets)
-
-        self.running = gauge(
-            "num_requests_running", "Number of requests in model execution batches."
-        ).labels(**lab)
-        self.waiting = gauge(
-            "num_requests_waiting", "Number of requests waiting to be processed."
-        ).labels(**lab)
-        by_reason = Gauge(
-            "vllm:num_requests_waiting_by_reason",
-            "Number of requests waiting, by reason.",
-            [*names, "reason"],
-            registry=reg,
-            multiprocess_mode="mostrecent",
-        )
-        self.waiting_capacity = by_reason.labels(**lab, reason="capacity")
-        by_reason.labels(**lab, reason="deferred").set(0)
-        sleep = Gauge(
-            "vllm:engine_sleep_state",
-            "Engine sleep state; awake = 0 means engine "
-            "is sleeping; awake = 1 means engine is awake",
-            [*names, "sleep_state"],
-            registry=reg,
-            multiprocess_mode="mostrecent",
-        )
+        self._m = bind(fams, specs, lab)
+        waiting = fams["vllm:num_requests_waiting_by_reason"]
+        self._waiting_capacity = waiting.labels(**lab, reason="capacity")
+        waiting.labels(**lab, reason="deferred").set(0)
         for state, value in (("awake", 1), ("weights_offloaded", 0), ("discard_all", 0)):
-            sleep.labels(**lab, sleep_state=state).set(value)
-        self.kv_usage = gauge(
-            "kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."
-        ).labels(**lab)
-        self.prefix_queries = counter(
-            "prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."
-        ).labels(**lab)
-        counter(
-            "prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
-        ).labels(**lab)
-        self.preemptions = counter(
-            "num_preemptions", "Cumulative number of preemption from the engine."
-        ).labels(**lab)
+            fams["vllm:engine_sleep_state"].labels(**lab, sleep_state=state).set(value)
+        success = fams["vllm:request_success"]
+        self._success = {r: success.labels(**lab, finished_reason=r) for r in FINISH_REASONS}
+        self._rejections = fams["vllm:admission_rejections"].labels(
+            model_name=model_name, reason="max_num_queued_reqs"
+        )
         self._preemptions_seen = 0
-        self.prompt_tokens = counter("prompt_tokens", "Number of prefill tokens processed.").labels(
-            **lab
-        )
-        self.generation_tokens = counter(
-            "generation_tokens", "Number of generation tokens processed."
-        ).labels(**lab)
-        success = Counter(
-            "vllm:request_success",
-            "Count of successfully processed requests.",
-            [*names, "finished_reason"],
-            registry=reg,
-        )
-        self.success = {r: success.labels(**lab, finished_reason=r) for r in FINISH_REASONS}
-        self.rejections = Counter(
-            "vllm:admission_rejections",
-            "Requests rejected at admission (HTTP 503).",
-            ["model_name", "reason"],
-            registry=reg,
-        ).labels(model_name=model_name, reason="max_num_queued_reqs")
-        tokens = build_1_2_5_buckets(max_model_len)
-        self.h_prompt = histogram(
-            "request_prompt_tokens", "Number of prefill tokens processed.", tokens
-        ).labels(**lab)
-        self.h_generation = histogram(
-            "request_generation_tokens", "Number of generation tokens processed.", tokens
-        ).labels(**lab)
-        self.h_max_tokens = histogram(
-            "request_params_max_tokens", "Histogram of the max_tokens request parameter.", tokens
-        ).labels(**lab)
-        self.h_iteration = histogram(
-            "iteration_tokens_total",
-            "Histogram of number of tokens per engine_step.",
-            ITERATION_BUCKETS,
-        ).labels(**lab)
-        self.h_ttft = histogram(
-            "time_to_first_token_seconds",
-            "Histogram of time to first token in seconds.",
-            TTFT_BUCKETS,
-        ).labels(**lab)
-        self.h_itl = histogram(
-            "inter_token_latency_seconds",
-            "Histogram of inter-token latency in seconds.",
-            ITL_BUCKETS,
-        ).labels(**lab)
-        self.h_tpot = histogram(
-            "request_time_per_output_token_seconds",
-            "Histogram of time_per_output_token_seconds per request.",
-            ITL_BUCKETS,
-        ).labels(**lab)
-        self.h_e2e = histogram(
-            "e2e_request_latency_seconds",
-            "Histogram of e2e request latency in seconds.",
-            LATENCY_BUCKETS,
-        ).labels(**lab)
 
     def on_first_token(self, ttft_s: float, prompt_tokens: int, streaming: bool) -> None:
-        self.h_ttft.observe(ttft_s)
-        self.prompt_tokens.inc(prompt_tokens)
-        self.prefix_queries.inc(prompt_tokens)
+        self._m["vllm:time_to_first_token_seconds"].observe(ttft_s)
+        self._m["vllm:prompt_tokens"].inc(prompt_tokens)
+        self._m["vllm:prefix_cache_queries"].inc(prompt_tokens)
 
     def on_token(self, itl_s: float | None) -> None:
-        self.generation_tokens.inc()
+        self._m["vllm:generation_tokens"].inc()
         if itl_s is not None:
-            self.h_itl.observe(itl_s)
+            self._m["vllm:inter_token_latency_seconds"].observe(itl_s)
 
     def on_finish(self, done: FinishedRequest) -> None:
-        self.success[done.finish_reason if done.finish_reason in self.success else "stop"].inc()
-        self.h_e2e.observe(done.e2e_s)
-        self.h_prompt.observe(done.prompt_tokens)
-        self.h_generation.observe(done.completion_tokens)
-        self.h_max_tokens.observe(done.max_tokens)
+        reason = done.finish_reason if done.finish_reason in self._success else "stop"
+        self._success[reason].inc()
+        m = self._m
+        m["vllm:e2e_request_latency_seconds"].observe(done.e2e_s)
+        m["vllm:request_prompt_tokens"].observe(done.prompt_tokens)
+        m["vllm:request_generation_tokens"].observe(done.completion_tokens)
+        m["vllm:request_params_max_tokens"].observe(done.max_tokens)
         if done.tpot_s is not None:
-            self.h_tpot.observe(done.tpot_s)
+            m["vllm:request_time_per_output_token_seconds"].observe(done.tpot_s)
 
     def on_rejected(self) -> None:
-        self.rejections.inc()
+        self._rejections.inc()
 
     def on_step(self, tokens: int) -> None:
-        self.h_iteration.observe(tokens)
+        self._m["vllm:iteration_tokens_total"].observe(tokens)
 
     def render(self, accept: str, gauges: EngineGauges) -> tuple[bytes, str]:
-        self.running.set(gauges.running)
-        self.waiting.set(gauges.waiting)
-        self.waiting_capacity.set(gauges.waiting)
-        self.kv_usage.set(gauges.kv_usage)
-        self.preemptions.inc(gauges.preemptions_total - self._preemptions_seen)
+        m = self._m
+        m["vllm:num_requests_running"].set(gauges.running)
+        m["vllm:num_requests_waiting"].set(gauges.waiting)
+        self._waiting_capacity.set(gauges.waiting)
+        m["vllm:kv_cache_usage_perc"].set(gauges.kv_usage)
+        m["vllm:num_preemptions"].inc(gauges.preemptions_total - self._preemptions_seen)
         self._preemptions_seen = gauges.preemptions_total
         encoder, content_type = choose_encoder(accept)
         return encoder(self.registry), content_type

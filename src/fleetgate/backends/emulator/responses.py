@@ -88,13 +88,14 @@ class EngineResponse:
                 "headers": [(b"content-type", SSE_CONTENT_TYPE.encode())],
             }
         )
+        # Like both engines, the role chunk goes out with the first token (their stream
+        # generators emit it on the first engine output), so the first frame marks TTFT.
         opening = b"".join(sse(c) for c in wire.stream_start(req))
-        if opening:
-            await send({"type": "http.response.body", "body": opening, "more_body": True})
         while True:
             out = await self.handle.queue.get()
             frames = wire.stream_token(req, out.text, out.completion_tokens, out.finish_reason)
-            payload = b"".join(sse(c) for c in frames)
+            payload = opening + b"".join(sse(c) for c in frames)
+            opening = b""
             if out.finish_reason is not None:
                 tail = wire.stream_end(req, out.completion_tokens)
                 payload += b"".join(sse(c) for c in tail) + DONE_FRAME

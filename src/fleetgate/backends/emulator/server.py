@@ -101,7 +101,6 @@ class EmulatedEngine:
             config.build_sim(), self.metrics, config.speed, lambda: self.faults.slow_factor
         )
         self.log = RequestLog(config.request_log_size)
-        self.created = int(time.time())
 
     def error_body(self, status: int, message: str) -> dict[str, Any]:
         err_type = HTTPStatus(status).phrase if self.engine == "vllm" else str(status)

@@ -1,0 +1,341 @@
+"""An instant-answer vLLM-shaped OpenAI mock for relay benchmarks (bench/relay_overhead.py).
+
+A raw asyncio protocol (uvloop when installed), HTTP/1.1 keep-alive, no framework: it must
+cost far less CPU per request than the gateway in front of it, so the benchmark measures
+the gateway and not the engine. Every answer is instant and precomputed per served model.
+
+Endpoints:
+
+* ``POST /v1/chat/completions`` non-stream: a vLLM 0.x ``chat.completion`` body with usage
+  (16 completion tokens), ``content-length`` framed, like uvicorn under vLLM.
+* ``POST /v1/chat/completions`` with ``"stream": true``: ``transfer-encoding: chunked`` SSE
+  in vLLM's chunk shapes: a role chunk, 16 content chunks (the last with
+  ``finish_reason``), the usage chunk (``choices: []``) only when
+  ``stream_options.include_usage`` is true, then ``data: [DONE]``. Each frame is its own
+  socket write (TCP_NODELAY), as an engine writes one chunk per token.
+* ``GET /health`` 200 (empty body, as vLLM), ``GET /v1/models``, and ``GET /metrics``: a tiny
+  valid exposition with ``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
+  ``vllm:kv_cache_usage_perc`` and ``vllm:generation_tokens_total``.
+
+Run: ``python bench/mock_engine.py --port N`` (0 = any free port); it prints
+``MOCK_ENGINE_READY http://127.0.0.1:<port>`` on stdout once it listens.
+
+May touch: sockets on the given host. Must not touch: fleetgate (it is the engine's stand-in).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import sys
+import time
+
+try:
+    import orjson
+
+    _loads = orjson.loads
+    _dumps = orjson.dumps
+except ImportError:  # the mock also runs on a bare interpreter
+    _loads = json.loads
+
+    def _dumps(obj: object) -> bytes:
+        return json.dumps(obj, separators=(",", ":")).encode()
+
+
+READY_PREFIX = "MOCK_ENGINE_READY "
+TOKENS = 16
+PROMPT_TOKENS = 12
+WORD = "tok "
+REQUEST_ID = "chatcmpl-0123456789abcdef"
+CREATED = int(time.time())
+
+
+def _response(status: str, ctype: bytes, body: bytes, close: bool = False) -> bytes:
+    conn = b"connection: close\r\n" if close else b""
+    return (
+        b"HTTP/1.1 "
+        + status.encode()
+        + b"\r\nserver: uvicorn\r\ncontent-type: "
+        + ctype
+        + b"\r\ncontent-length: "
+        + str(len(body)).encode()
+        + b"\r\n"
+        + conn
+        + b"\r\n"
+        + body
+    )
+
+
+STREAM_HEAD = (
+    b"HTTP/1.1 200 OK\r\nserver: uvicorn\r\n"
+    b"content-type: text/event-stream; charset=utf-8\r\n"
+    b"transfer-encoding: chunked\r\n\r\n"
+)
+
+
+def _usage() -> dict[str, object]:
+    return {
+        "prompt_tokens": PROMPT_TOKENS,
+        "total_tokens": PROMPT_TOKENS + TOKENS,
+        "completion_tokens": TOKENS,
+        "prompt_tokens_details": None,
+    }
+
+
+def completion_body(model: str) -> bytes:
+    return _dumps(
+        {
+            "id": REQUEST_ID,
+            "object": "chat.completion",
+            "created": CREATED,
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {
+                        "role": "assistant",
+                        "content": WORD * TOKENS,
+                        "refusal": None,
+                        "annotations": None,
+                        "audio": None,
+                        "function_call": None,
+                        "tool_calls": [],
+                        "reasoning_content": None,
+                    },
+                    "logprobs": None,
+                    "finish_reason": "length",
+                    "stop_reason": None,
+                }
+            ],
+            "service_tier": None,
+            "system_fingerprint": None,
+            "usage": _usage(),
+            "prompt_logprobs": None,
+            "kv_transfer_params": None,
+        }
+    )
+
+
+def stream_frames(model: str, include_usage: bool) -> list[bytes]:
+    """The SSE frames of one stream, each already wrapped as one HTTP chunk."""
+
+    def chunk(choices: list[object], **extra: object) -> dict[str, object]:
+        return {
+            "id": REQUEST_ID,
+            "object": "chat.completion.chunk",
+            "created": CREATED,
+            "model": model,
+            "choices": choices,
+            **extra,
+        }
+
+    objs: list[dict[str, object]] = [
+        chunk(
+            [
+                {
+                    "index": 0,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+            ],
+            prompt_token_ids=None,
+        )
+    ]
+    for i in range(TOKENS):
+        last = i == TOKENS - 1
+        choice = {
+            "index": 0,
+            "delta": {"content": WORD},
+            "logprobs": None,
+            "finish_reason": "length" if last else None,
+            "token_ids": None,
+        }
+        if last:
+            choice["stop_reason"] = None
+        objs.append(chunk([choice]))
+    if include_usage:
+        objs.append(chunk([], usage=_usage()))
+    payloads = [b"data: " + _dumps(o) + b"\n\n" for o in objs] + [b"data: [DONE]\n\n"]
+    return [b"%x\r\n%s\r\n" % (len(p), p) for p in payloads] + [b"0\r\n\r\n"]
+
+
+class Engine:
+    """Shared state: precomputed answers per served model, and counters for /metrics."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.generated = 0
+        self._plain: dict[str, bytes] = {}
+        self._stream: dict[tuple[str, bool], list[bytes]] = {}
+
+    def plain(self, model: str) -> bytes:
+        out = self._plain.get(model)
+        if out is None:
+            out = self._plain[model] = _response(
+                "200 OK", b"application/json", completion_body(model)
+            )
+        return out
+
+    def stream(self, model: str, include_usage: bool) -> list[bytes]:
+        key = (model, include_usage)
+        out = self._stream.get(key)
+        if out is None:
+            out = self._stream[key] = stream_frames(model, include_usage)
+        return out
+
+    def metrics(self) -> bytes:
+        text = (
+            "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+            "# TYPE vllm:num_requests_running gauge\n"
+            f'vllm:num_requests_running{{engine="0",model_name="bench"}} {self.running}.0\n'
+            "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"
+            "# TYPE vllm:num_requests_waiting gauge\n"
+            'vllm:num_requests_waiting{engine="0",model_name="bench"} 0.0\n'
+            "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n"
+            "# TYPE vllm:kv_cache_usage_perc gauge\n"
+            'vllm:kv_cache_usage_perc{engine="0",model_name="bench"} 0.0\n'
+            "# HELP vllm:generation_tokens_total Number of generation tokens processed.\n"
+            "# TYPE vllm:generation_tokens_total counter\n"
+            f'vllm:generation_tokens_total{{engine="0",model_name="bench"}} {self.generated}.0\n'
+        )
+        return _response("200 OK", b"text/plain; version=0.0.4; charset=utf-8", text.encode())
+
+
+NOT_FOUND = _response("404 Not Found", b"application/json", b'{"detail":"Not Found"}')
+BAD_REQUEST = _response(
+    "400 Bad Request",
+    b"application/json",
+    b'{"error":{"message":"bad request","type":"BadRequestError","param":null,"code":400}}',
+    close=True,
+)
+HEALTH = _response("200 OK", b"application/json", b"")
+
+
+class HttpConnection(asyncio.Protocol):
+    """One keep-alive connection: parse requests from the buffer, answer each in order."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.buf = b""
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        self.buf = self.buf + data if self.buf else data
+        while self.transport is not None:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = self.buf[:end]
+            length = _content_length(head)
+            total = end + 4 + length
+            if len(self.buf) < total:
+                return
+            body = self.buf[end + 4 : total]
+            self.buf = self.buf[total:]
+            self.handle(head, body)
+
+    def handle(self, head: bytes, body: bytes) -> None:
+        transport = self.transport
+        assert transport is not None
+        line = head[: head.find(b"\r\n")] if b"\r\n" in head else head
+        parts = line.split(b" ")
+        method, path = (parts[0], parts[1]) if len(parts) >= 2 else (b"", b"")
+        if method == b"POST" and path in (b"/v1/chat/completions", b"/v1/completions"):
+            self.completion(body)
+        elif path == b"/health":
+            transport.write(HEALTH)
+        elif path == b"/metrics":
+            transport.write(self.engine.metrics())
+        elif path == b"/v1/models":
+            transport.write(
+                _response(
+                    "200 OK",
+                    b"application/json",
+                    _dumps(
+                        {
+                            "object": "list",
+                            "data": [{"id": "bench-served", "object": "model", "owned_by": "vllm"}],
+                        }
+                    ),
+                )
+            )
+        else:
+            transport.write(NOT_FOUND)
+        if b"\r\nconnection: close" in head.lower():
+            transport.close()
+            self.transport = None
+
+    def completion(self, body: bytes) -> None:
+        transport = self.transport
+        assert transport is not None
+        try:
+            req = _loads(body)
+            model = str(req.get("model") or "bench-served")
+        except (ValueError, AttributeError):
+            transport.write(BAD_REQUEST)
+            transport.close()
+            self.transport = None
+            return
+        self.engine.generated += TOKENS
+        if not req.get("stream"):
+            transport.write(self.engine.plain(model))
+            return
+        opts = req.get("stream_options") or {}
+        frames = self.engine.stream(model, bool(opts.get("include_usage")))
+        transport.write(STREAM_HEAD + frames[0])
+        for frame in frames[1:]:
+            transport.write(frame)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+
+
+def _content_length(head: bytes) -> int:
+    i = head.lower().find(b"\r\ncontent-length:")
+    if i < 0:
+        return 0
+    j = head.find(b"\r\n", i + 2)
+    return int(head[i + 17 : j if j >= 0 else None].strip())
+
+
+async def serve(host: str, port: int) -> None:
+    engine = Engine()
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(
+        lambda: HttpConnection(engine), host, port, reuse_address=True, backlog=1024
+    )
+    bound = server.sockets[0].getsockname()[1]
+    print(f"{READY_PREFIX}http://{host}:{bound}", flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args(argv)
+    try:
+        import uvloop
+
+        runner = uvloop.run
+    except ImportError:
+        runner = asyncio.run
+    try:
+        runner(serve(args.host, args.port))
+    except KeyboardInterrupt:
+        pass
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,471 @@
+"""Gateway relay overhead: what `fleetgate serve` adds on top of an instant engine (BENCHMARKS.md).
+
+What it measures: requests/s, p50/p99 latency, the latency the gateway adds over talking to
+the engine directly, and the gateway's CPU time per request, for ``/v1/chat/completions``
+plain and streamed (16 content chunks), at concurrency 1 and 32.
+
+How (DESIGN.md §4's method):
+
+* ``bench/mock_engine.py``, an instant vLLM-shaped mock (raw asyncio), pinned to CPU 1.
+* ``fleetgate serve`` (uvicorn + uvloop + httptools, the production entry point) pinned to
+  CPU 0, alone: one pool ``bench`` with the mock as its only endpoint; once with a
+  ``round_robin`` default policy and once with ``cost``.
+* The load generator is this process, pinned to CPU 1 beside the mock: a raw asyncio
+  HTTP/1.1 client (uvloop; one keep-alive connection per concurrent user, each sends its
+  next request the moment the previous response is complete, closed loop). Its own limit is
+  the "direct" rows: the same load sent to the mock without the gateway.
+* Each scenario: 1 s warm-up, then a fixed measured window (8 s by default). Latency is from
+  the request write to the last byte of the response. Requests/s counts responses
+  completed in the window. CPU ms/request is the process's utime+stime from /proc/<pid>/stat
+  over the window divided by the requests completed in it (the same for the mock and, via
+  ``time.process_time``, for the generator, to show they do not dominate).
+* Every response is checked: status 200; the first one of each scenario in full (the
+  public model name rewritten by the gateway, streams ending in ``data: [DONE]``).
+
+Run: ``.venv/bin/python bench/relay_overhead.py`` (about 2.5 minutes; ``--duration 3`` for a
+quick look). Writes the markdown table to ``bench/results/relay_overhead.md``. Children are
+killed on exit, also when this process dies (PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import importlib.metadata
+import json
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MOCK = ROOT / "bench" / "mock_engine.py"
+RESULTS = ROOT / "bench" / "results" / "relay_overhead.md"
+GATEWAY_CPU, LOAD_CPU = 0, 1
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PUBLIC, SERVED = "bench-model", "bench-served"
+
+
+# ---------------------------------------------------------------- child processes
+
+def _child_setup(cpu: int | None) -> Callable[[], None]:
+    def setup() -> None:
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if cpu is not None:
+            os.sched_setaffinity(0, {cpu})
+    return setup
+
+
+@dataclass
+class Child:
+    name: str
+    popen: subprocess.Popen[str]
+    url: str
+
+    def cpu_s(self) -> float:
+        return proc_cpu_s(self.popen.pid)
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(timeout=5)
+
+
+def proc_cpu_s(pid: int) -> float:
+    """utime + stime of a whole process (all threads), in seconds."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rfind(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_mock(cpu: int | None) -> Child:
+    popen = subprocess.Popen([sys.executable, str(MOCK), "--port", "0"], stdout=subprocess.PIPE,
+                             stdin=subprocess.DEVNULL, text=True, preexec_fn=_child_setup(cpu))
+    assert popen.stdout is not None
+    line = popen.stdout.readline()  # the mock prints its ready line first, or exits
+    if not line.startswith("MOCK_ENGINE_READY "):
+        popen.kill()
+        raise RuntimeError(f"mock engine did not start: {line!r}")
+    return Child("mock", popen, line.split(" ", 1)[1].strip())
+
+
+def gateway_config(mock_url: str, strategy: str) -> str:
+    config = {
+        "pools": [{"name": "bench", "accelerator": "h100", "engine": "vllm",
+                   "price_per_gpu_hour": 2.95, "endpoints": [mock_url],
+                   "models": {PUBLIC: SERVED}}],
+        "policies": {"bench": {"strategy": strategy}},
+        "default_policy": "bench",
+    }
+    return json.dumps(config, indent=2)  # JSON is YAML
+
+
+def start_gateway(config_path: Path, cpu: int | None, timeout: float = 60.0) -> Child:
+    port = free_port()
+    env = {**os.environ, "FLEETGATE_LOG_LEVEL": "warning"}
+    cmd = [sys.executable, "-m", "fleetgate.cli", "serve", "--config", str(config_path),
+           "--port", str(port)]
+    popen = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, text=True,
+                             preexec_fn=_child_setup(cpu))
+    child = Child("gateway", popen, f"http://127.0.0.1:{port}")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if popen.poll() is not None:
+            raise RuntimeError(f"gateway exited with {popen.returncode} before /readyz")
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(child.url + "/readyz", timeout=1.0) as resp:
+                if resp.status == 200:
+                    return child
+        time.sleep(0.1)
+    child.stop()
+    raise RuntimeError("gateway did not become ready")
+
+
+# ---------------------------------------------------------------- the load generator
+
+def request_bytes(host: str, port: int, model: str, stream: bool) -> bytes:
+    body: dict[str, object] = {"model": model, "max_tokens": 16,
+                               "messages": [{"role": "user", "content": "Say hello."}]}
+    if stream:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+    raw = json.dumps(body, separators=(",", ":")).encode()
+    return (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}:{port}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(raw)}\r\n\r\n"
+            ).encode() + raw
+
+
+@dataclass
+class Window:
+    """Shared by all connections of one scenario."""
+
+    request: bytes
+    recording: bool = False
+    stopping: bool = False
+    latencies: list[float] = field(default_factory=list)
+    errors: int = 0
+    first_body: bytes | None = None
+    in_flight: int = 0
+    drained: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class LoadConnection(asyncio.Protocol):
+    """Closed loop on one keep-alive connection; parses content-length and chunked bodies."""
+
+    def __init__(self, window: Window) -> None:
+        self.w = window
+        self.transport: asyncio.Transport | None = None
+        self.buf = bytearray()
+        self.t0 = 0.0
+        self.status = 0
+        self.need = -1  # bytes of body left (content-length); -2: chunked; -1: head
+        self.keep: list[bytes] | None = None
+        self.lost = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def send(self) -> None:
+        assert self.transport is not None
+        self.w.in_flight += 1
+        if self.w.first_body is None and self.keep is None:
+            self.keep = []
+        self.t0 = time.perf_counter()
+        self.transport.write(self.w.request)
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        while self._parse():
+            self._complete()
+
+    def _parse(self) -> bool:
+        """Consume what is buffered; True when a whole response has been read."""
+        buf = self.buf
+        if self.need == -1:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                return False
+            head = bytes(buf[:end]).lower()
+            self.status = int(head[9:12])
+            del buf[:end + 4]
+            i = head.find(b"\r\ncontent-length:")
+            if i >= 0:
+                j = head.find(b"\r\n", i + 2)
+                self.need = int(head[i + 17:j if j >= 0 else None])
+            elif b"transfer-encoding: chunked" in head:
+                self.need = -2
+            else:
+                raise RuntimeError(f"response without a length: {head!r}")
+        if self.need >= 0:
+            if len(buf) < self.need:
+                return False
+            if self.keep is not None:
+                self.keep.append(bytes(buf[:self.need]))
+            del buf[:self.need]
+            return True
+        while True:  # chunked: <hex>\r\n<data>\r\n ... 0\r\n\r\n
+            eol = buf.find(b"\r\n")
+            if eol < 0:
+                return False
+            size = int(buf[:eol].split(b";")[0], 16)
+            if len(buf) < eol + 2 + size + 2:
+                return False
+            if self.keep is not None:
+                self.keep.append(bytes(buf[eol + 2:eol + 2 + size]))
+            del buf[:eol + 2 + size + 2]
+            if size == 0:
+                return True
+
+    def _complete(self) -> None:
+        w = self.w
+        if w.recording:
+            w.latencies.append(time.perf_counter() - self.t0)
+        if self.status != 200:
+            w.errors += 1
+        if self.keep is not None:
+            if w.first_body is None:
+                w.first_body = b"".join(self.keep)
+            self.keep = None
+        self.need = -1
+        w.in_flight -= 1
+        if w.stopping:
+            if w.in_flight == 0:
+                w.drained.set()
+        else:
+            self.send()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        if not self.lost.done():
+            self.lost.set_result(exc)
+        if self.need != -1 or self.w.in_flight:
+            self.w.errors += 1
+
+
+@dataclass
+class Result:
+    target: str
+    mode: str
+    concurrency: int
+    requests: int
+    seconds: float
+    latencies: list[float]
+    errors: int
+    cpu_ms: dict[str, float]  # process name -> CPU ms per request
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.seconds
+
+    def pct(self, q: float) -> float:
+        s = sorted(self.latencies)
+        return s[min(len(s) - 1, int(q * len(s)))] * 1000 if s else float("nan")
+
+
+async def run_scenario(target: str, url: str, mode: str, concurrency: int, warmup: float,
+                       duration: float, watch: list[Child]) -> Result:
+    host, port = url.removeprefix("http://").split(":")
+    model = SERVED if target == "direct" else PUBLIC
+    w = Window(request_bytes(host, int(port), model, mode == "stream"))
+    loop = asyncio.get_running_loop()
+    conns = []
+    for _ in range(concurrency):
+        _, proto = await loop.create_connection(lambda: LoadConnection(w), host, int(port))
+        conns.append(proto)
+    for c in conns:
+        c.send()
+    await asyncio.sleep(warmup)
+    cpu0 = {c.name: c.cpu_s() for c in watch}
+    me0, t0 = time.process_time(), time.perf_counter()
+    w.recording = True
+    await asyncio.sleep(duration)
+    w.recording = False
+    t1, me1 = time.perf_counter(), time.process_time()
+    cpu1 = {c.name: c.cpu_s() for c in watch}
+    w.stopping = True
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(w.drained.wait(), timeout=10)
+    for c in conns:
+        if c.transport is not None:
+            c.transport.close()
+    n = len(w.latencies)
+    cpu = {name: (cpu1[name] - cpu0[name]) * 1000 / max(n, 1) for name in cpu0}
+    cpu["loadgen"] = (me1 - me0) * 1000 / max(n, 1)
+    check_body(target, mode, w.first_body)
+    return Result(target, mode, concurrency, n, t1 - t0, w.latencies, w.errors, cpu)
+
+
+def check_body(target: str, mode: str, body: bytes | None) -> None:
+    if not body:
+        raise RuntimeError(f"{target}/{mode}: no response body captured")
+    model = SERVED if target == "direct" else PUBLIC
+    if f'"model":"{model}"'.encode() not in body:
+        raise RuntimeError(f"{target}/{mode}: model not {model!r} in {body[:200]!r}")
+    if mode == "stream":
+        frames = body.count(b"data: ")
+        if not body.endswith(b"data: [DONE]\n\n") or frames != 1 + 16 + 1 + 1:
+            raise RuntimeError(f"{target}/{mode}: bad stream ({frames} frames): {body[-200:]!r}")
+
+
+# ---------------------------------------------------------------- report
+
+def machine() -> dict[str, str]:
+    model = "unknown"
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
+            if line.startswith("Model name:"):
+                model = line.split(":", 1)[1].strip()
+    versions = []
+    for pkg in ("fleetgate", "aiohttp", "uvicorn", "starlette", "uvloop", "httptools"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            versions.append(f"{pkg} {importlib.metadata.version(pkg)}")
+    rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                         capture_output=True, text=True).stdout.strip() or "?"
+    return {"cpu": f"{model}, {os.cpu_count()} CPUs", "kernel": platform.release(),
+            "python": platform.python_version(), "packages": ", ".join(versions),
+            "commit": rev}
+
+
+def table(results: list[Result]) -> str:
+    direct = {(r.mode, r.concurrency): r for r in results if r.target == "direct"}
+    lines = [
+        "| target | mode | c | req/s | p50 ms | p99 ms | added p50 ms | added p99 ms "
+        "| gateway CPU ms/req | mock CPU ms/req | loadgen CPU ms/req | errors |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for r in results:
+        base = direct.get((r.mode, r.concurrency))
+        added50 = added99 = gw = "–"
+        if r.target != "direct" and base is not None:
+            added50 = f"{r.pct(0.5) - base.pct(0.5):+.2f}"
+            added99 = f"{r.pct(0.99) - base.pct(0.99):+.2f}"
+        if "gateway" in r.cpu_ms:
+            gw = f"{r.cpu_ms['gateway']:.3f}"
+        lines.append(
+            f"| {r.target} | {r.mode} | {r.concurrency} | {r.rps:,.0f} | {r.pct(0.5):.2f} "
+            f"| {r.pct(0.99):.2f} | {added50} | {added99} | {gw} | {r.cpu_ms['mock']:.3f} "
+            f"| {r.cpu_ms['loadgen']:.3f} | {r.errors} |")
+    return "\n".join(lines)
+
+
+def report(results: list[Result], info: dict[str, str], args: argparse.Namespace,
+           idle_ms_per_s: float) -> str:
+    return f"""# Gateway relay overhead
+
+Produced by `bench/relay_overhead.py` on {time.strftime('%Y-%m-%d')} (commit {info['commit']}).
+
+**Method.** `fleetgate serve` (uvicorn, uvloop, httptools; the production entry point)
+pinned alone to CPU {GATEWAY_CPU}; `bench/mock_engine.py` (instant vLLM-shaped answers, raw
+asyncio) and the load generator (raw asyncio HTTP/1.1 client, one keep-alive connection per
+concurrent user, closed loop) pinned together to CPU {LOAD_CPU}. One pool `bench` with the mock
+as its only endpoint. Each scenario: {args.warmup:g} s warm-up, {args.duration:g} s measured.
+`/v1/chat/completions`, plain (589-byte body) or stream (role chunk + 16 content chunks +
+usage chunk + `[DONE]`, each its own socket write by the mock). Latency: request write to
+last response byte. *added* = gateway minus direct at the same mode and concurrency. CPU
+ms/req: the process's utime+stime (`/proc/<pid>/stat`, all threads) over the window divided
+by the responses completed in it. The gateway's idle background (health probe + `/metrics`
+scrape every 1 s) costs {idle_ms_per_s:.2f} CPU ms per second and is included.
+The *direct* rows are the load generator's own ceiling with the mock.
+
+**Machine.** {info['cpu']}; Linux {info['kernel']}; Python {info['python']};
+{info['packages']}.
+
+{table(results)}
+"""
+
+
+# ---------------------------------------------------------------- main
+
+SCENARIOS = [("plain", 1), ("plain", 32), ("stream", 1), ("stream", 32)]
+
+
+async def measure(target: str, url: str, watch: list[Child], args: argparse.Namespace,
+                  results: list[Result]) -> None:
+    for mode, conc in SCENARIOS:
+        r = await run_scenario(target, url, mode, conc, args.warmup, args.duration, watch)
+        results.append(r)
+        gw = f" gateway {r.cpu_ms['gateway']:.3f} ms/req" if "gateway" in r.cpu_ms else ""
+        print(f"  {target:8} {mode:6} c={conc:<3} {r.rps:8,.0f} req/s  p50 {r.pct(.5):6.2f} ms"
+              f"  p99 {r.pct(.99):6.2f} ms{gw}  errors {r.errors}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--duration", type=float, default=8.0, help="measured seconds")
+    parser.add_argument("--warmup", type=float, default=1.0, help="warm-up seconds")
+    parser.add_argument("--strategies", default="round_robin,cost")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+
+    pinned = len(os.sched_getaffinity(0)) >= 2
+    gw_cpu, load_cpu = (GATEWAY_CPU, LOAD_CPU) if pinned else (None, None)
+    if pinned:
+        os.sched_setaffinity(0, {LOAD_CPU})
+    else:
+        print("fewer than 2 CPUs: running unpinned, numbers are not comparable", flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally blocks
+
+    try:
+        import uvloop
+        run: Callable = uvloop.run
+    except ImportError:
+        run = asyncio.run
+
+    children: list[Child] = []
+    results: list[Result] = []
+    idle = 0.0
+    try:
+        mock = start_mock(load_cpu)
+        children.append(mock)
+        print(f"mock at {mock.url}; direct:", flush=True)
+        run(measure("direct", mock.url, [mock], args, results))
+        with tempfile.TemporaryDirectory(prefix="fleetgate-bench-") as tmp:
+            for strategy in args.strategies.split(","):
+                path = Path(tmp) / f"{strategy}.yaml"
+                path.write_text(gateway_config(mock.url, strategy))
+                gateway = start_gateway(path, gw_cpu)
+                children.append(gateway)
+                c0 = gateway.cpu_s()
+                time.sleep(2.0)
+                idle = max(idle, (gateway.cpu_s() - c0) * 1000 / 2.0)
+                label = {"round_robin": "rr"}.get(strategy, strategy)
+                print(f"gateway ({strategy}) at {gateway.url}:", flush=True)
+                run(measure(f"gw-{label}", gateway.url, [gateway, mock], args, results))
+                gateway.stop()
+                children.remove(gateway)
+    finally:
+        for child in reversed(children):
+            child.stop()
+
+    text = report(results, machine(), args, idle)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    print()
+    print(table(results))
+    print(f"\nwritten to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
