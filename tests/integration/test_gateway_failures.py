@@ -130,9 +130,19 @@ def test_embedded_default_fleet_serves_a_chat(tmp_path: Path) -> None:
         client = _client(gw)
         resp = client.chat.completions.create(model=PUBLIC_8B, messages=MESSAGES, max_tokens=3)
         assert resp.choices[0].message.content and resp.model == PUBLIC_8B
-        pools = {client.chat.completions.with_raw_response.create(
-            model=PUBLIC_8B, messages=MESSAGES, max_tokens=1).headers["x-fleetgate-pool"]
-            for _ in range(4)}
-        assert pools == {"mi300x-sglang", "mi355x-vllm", "h100-vllm", "h200-sglang"}
+        def pool(**headers: str) -> str:
+            return client.chat.completions.with_raw_response.create(
+                model=PUBLIC_8B, messages=MESSAGES, max_tokens=1,
+                extra_headers=headers).headers["x-fleetgate-pool"]
+
+        spread = {pool(**{"x-fleetgate-policy": "spread"}) for _ in range(4)}
+        assert spread == {"mi300x-sglang", "mi355x-vllm", "h100-vllm", "h200-sglang"}
+        cheapest = pool()
+        last = httpx.get(gw.url + "/admin/decisions?limit=1").json()["decisions"][0]
+        assert last["chosen"] == f"{cheapest}-0" and last["policy"] == "cheapest"
+        assert last["candidates"][0]["scores"]["cost"] == 1.0  # the cheapest per token
+        resp = client.chat.completions.with_raw_response.create(
+            model=PUBLIC_8B, messages=MESSAGES, max_tokens=1, extra_headers={"x-priority": "high"})
+        assert resp.headers["x-fleetgate-policy"] == "fastest"
     finally:
         gw.stop()

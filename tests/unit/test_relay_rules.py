@@ -6,8 +6,9 @@ import orjson
 import pytest
 
 from fleetgate.backends.engines import translate_guided
-from fleetgate.gateway.chat import StreamRelay, _model_rewriter
+from fleetgate.gateway.chat import _model_rewriter
 from fleetgate.gateway.errors import normalise_upstream_error
+from fleetgate.gateway.stream import StreamRelay
 
 SERVED = "meta-llama/Llama-3.1-8B-Instruct"
 

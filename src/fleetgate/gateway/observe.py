@@ -1,0 +1,92 @@
+"""The observation seam of the request path: what happened, told once, to whoever listens.
+
+``ChatService`` reports each request's life through these small protocols; tracing,
+Prometheus metrics, cost accounting and the request log implement them (``telemetry/``).
+The request path never knows which are installed. ``NOOP`` is the default.
+
+Order of calls for one request: ``Observer.request(...)`` -> ``routed(decision)`` ->
+for each upstream attempt ``attempt(...)`` -> the attempt's ``headers()`` (merged into the
+upstream request, e.g. ``traceparent``), then ``first_token()`` and exactly one of
+``finished(...)`` / ``failed(...)`` / ``cancelled()`` -> finally the request's ``end(status)``
+(a stream ends when its last byte is sent or the client leaves, not when the handler
+returns).
+
+May touch: routing and backends types. Must not touch: HTTP, telemetry libraries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from fleetgate.backends.endpoints import Endpoint
+from fleetgate.routing import Decision, RoutingRequest
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptResult:
+    """What one finished upstream attempt cost and delivered."""
+
+    status: int
+    usage: dict[str, Any] | None  # the engine's usage object (prompt/completion tokens)
+    ttft_s: float | None  # None for a non-streamed answer
+    e2e_s: float
+    mean_concurrency: float  # requests in flight on the endpoint, averaged start/end (>= 1)
+
+
+class AttemptObserver(Protocol):
+    def headers(self) -> dict[str, str]: ...
+    def first_token(self, ttft_s: float) -> None: ...
+    def finished(self, result: AttemptResult) -> None: ...
+    def failed(self, status: int, error: str) -> None: ...
+    def cancelled(self) -> None: ...
+
+
+class RequestObserver(Protocol):
+    def routed(self, decision: Decision) -> None: ...
+    def attempt(self, endpoint: Endpoint, served_model: str, number: int) -> AttemptObserver: ...
+    def end(self, status: int, error: str | None = None) -> None: ...
+
+
+class Observer(Protocol):
+    def request(self, request_id: str, path: str, routing: RoutingRequest,
+                traceparent: str | None, body: dict[str, Any]) -> RequestObserver: ...
+
+
+class _NoopAttempt:
+    def headers(self) -> dict[str, str]:
+        return {}
+
+    def first_token(self, ttft_s: float) -> None:
+        pass
+
+    def finished(self, result: AttemptResult) -> None:
+        pass
+
+    def failed(self, status: int, error: str) -> None:
+        pass
+
+    def cancelled(self) -> None:
+        pass
+
+
+class _NoopRequest:
+    def routed(self, decision: Decision) -> None:
+        pass
+
+    def attempt(self, endpoint: Endpoint, served_model: str, number: int) -> AttemptObserver:
+        return NOOP_ATTEMPT
+
+    def end(self, status: int, error: str | None = None) -> None:
+        pass
+
+
+class NoopObserver:
+    def request(self, request_id: str, path: str, routing: RoutingRequest,
+                traceparent: str | None, body: dict[str, Any]) -> RequestObserver:
+        return NOOP_REQUEST
+
+
+NOOP_ATTEMPT = _NoopAttempt()
+NOOP_REQUEST = _NoopRequest()
+NOOP = NoopObserver()

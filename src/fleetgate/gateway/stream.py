@@ -1,0 +1,137 @@
+"""Streaming relay: commit on the first frame, forward frames, end every stream well.
+
+``open_stream`` reads up to the first data frame before anything reaches the client: an
+in-band error there (SGLang reports a full queue as HTTP 200 + an SSE error frame) is a
+retryable failure of this attempt, not of the request. After that the stream is committed:
+frames go out as they come (the model name rewritten, the usage chunk dropped if the client
+did not ask for it), and an upstream failure becomes a final SSE error event plus
+``data: [DONE]``. Nothing is retried after the first byte.
+
+May touch: backends (SSE, relay response), starlette responses. Must not touch: routing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import orjson
+from starlette.responses import Response, StreamingResponse
+
+from fleetgate.backends.relay import UpstreamError, UpstreamResponse
+from fleetgate.backends.sse import (
+    DONE,
+    DONE_FRAME,
+    SSEFramer,
+    chunk_usage,
+    frame_data,
+    is_usage_only_chunk,
+    stream_error,
+)
+from fleetgate.gateway.attempt import Attempt
+from fleetgate.gateway.errors import envelope, json_error
+from fleetgate.gateway.observe import RequestObserver
+
+log = logging.getLogger("fleetgate.stream")
+
+RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+class RetryableFailure(Exception):
+    """This attempt failed in a way another endpoint may not."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+async def open_stream(resp: UpstreamResponse, wants_usage: bool,
+                      rewrite: Callable[[bytes], bytes], headers: dict[str, str],
+                      attempt: Attempt, obs: RequestObserver, ep_id: str) -> Response:
+    framer = SSEFramer()
+    chunks = resp.chunks()
+    first: list[bytes] = []
+    try:
+        while not any(frame_data(f) is not None for f in first):
+            first.extend(framer.feed(await anext(chunks)))
+    except StopAsyncIteration:
+        resp.close()
+        raise RetryableFailure(502, f"{ep_id}: stream ended before its first frame") from None
+    except UpstreamError as exc:
+        resp.close()
+        raise RetryableFailure(504 if exc.kind == "timeout" else 502, f"{ep_id}: {exc}") from None
+    data = next(d for d in map(frame_data, first) if d is not None)
+    err = stream_error(data)
+    if err is not None:
+        resp.close()
+        if err.status in RETRYABLE_STATUS:
+            raise RetryableFailure(err.status, f"{ep_id}: in-band {err.status}: {err.message}")
+        attempt.failed(err.status, err.message, counts_against_engine=err.status >= 500)
+        return json_error(err.status, envelope(err.status, err.message, type_=err.type),
+                          headers)
+    attempt.first_token()
+    relay = StreamRelay(wants_usage, rewrite)
+    body = relay.run(first, framer, chunks, resp, attempt, obs, ep_id)
+    return StreamingResponse(body, headers={**headers, **SSE_HEADERS},
+                             media_type="text/event-stream; charset=utf-8")
+
+
+class StreamRelay:
+    """Forwards frames, rewrites the model, drops unrequested usage, ends every stream well."""
+
+    def __init__(self, client_wants_usage: bool, rewrite: Callable[[bytes], bytes]) -> None:
+        self.wants_usage = client_wants_usage
+        self.rewrite = rewrite
+        self.usage: dict[str, Any] | None = None
+        self.done = False
+
+    def transform(self, frames: list[bytes]) -> bytes:
+        out = []
+        for frame in frames:
+            data = frame_data(frame)
+            if data is None:
+                out.append(frame)  # comment / keep-alive
+            elif data == DONE:
+                self.done = True
+                out.append(frame)
+            elif b'"usage"' in data and (usage := chunk_usage(data)) is not None:
+                self.usage = usage
+                if self.wants_usage or not is_usage_only_chunk(data):
+                    out.append(self.rewrite(frame))
+            else:
+                out.append(self.rewrite(frame))
+        return b"".join(out)
+
+    async def run(self, first: list[bytes], framer: SSEFramer, chunks: AsyncIterator[bytes],
+                  resp: UpstreamResponse, attempt: Attempt, obs: RequestObserver,
+                  ep_id: str) -> AsyncIterator[bytes]:
+        status, error = 499, "client disconnected"
+        try:
+            yield self.transform(first)
+            async for chunk in chunks:
+                out = self.transform(framer.feed(chunk))
+                if out:
+                    yield out
+            if self.done:
+                status, error = 200, ""
+                attempt.finished(self.usage)
+            else:
+                status, error = 502, "upstream stream ended without [DONE]"
+                attempt.failed(status, error)
+                yield error_frame(status, error)
+        except UpstreamError as exc:
+            log.warning("stream from %s broke mid-way: %s", ep_id, exc)
+            status, error = (504 if exc.kind == "timeout" else 502), f"upstream failed: {exc}"
+            attempt.failed(status, error)
+            yield error_frame(status, error)
+        finally:
+            resp.close()
+            attempt.cancelled()  # no-op unless the client went away mid-stream
+            obs.end(status, error or None)
+
+
+def error_frame(status: int, message: str) -> bytes:
+    return b"data: " + orjson.dumps(envelope(status, message, code=status)) + b"\n\n" + DONE_FRAME
