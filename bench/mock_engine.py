@@ -12,12 +12,14 @@ Endpoints:
   in vLLM's chunk shapes: a role chunk, 16 content chunks (the last with
   ``finish_reason``), the usage chunk (``choices: []``) only when
   ``stream_options.include_usage`` is true, then ``data: [DONE]``. Each frame is its own
-  socket write (TCP_NODELAY), as an engine writes one chunk per token.
+  socket write (TCP_NODELAY), as an engine writes one chunk per token; back to back by
+  default, or ``--frame-gap-ms`` apart (then a relay reads and forwards each one alone,
+  as it does with a real engine's token rhythm).
 * ``GET /health`` 200 (empty body, as vLLM), ``GET /v1/models``, and ``GET /metrics``: a tiny
   valid exposition with ``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
   ``vllm:kv_cache_usage_perc`` and ``vllm:generation_tokens_total``.
 
-Run: ``python bench/mock_engine.py --port N`` (0 = any free port); it prints
+Run: ``python bench/mock_engine.py --port N [--frame-gap-ms G]`` (0 = any free port); it prints
 ``MOCK_ENGINE_READY http://127.0.0.1:<port>`` on stdout once it listens.
 
 May touch: sockets on the given host. Must not touch: fleetgate (it is the engine's stand-in).
@@ -27,21 +29,28 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import socket
 import sys
 import time
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 try:
     import orjson
+except ImportError:  # the mock also runs on a bare interpreter, a little slower
+    orjson = None  # type: ignore[assignment]
 
-    _loads = orjson.loads
-    _dumps = orjson.dumps
-except ImportError:  # the mock also runs on a bare interpreter
-    _loads = json.loads
 
-    def _dumps(obj: object) -> bytes:
-        return json.dumps(obj, separators=(",", ":")).encode()
+def _loads(raw: bytes) -> Any:
+    return orjson.loads(raw) if orjson is not None else json.loads(raw)
+
+
+def _dumps(obj: object) -> bytes:
+    if orjson is not None:
+        return orjson.dumps(obj)
+    return json.dumps(obj, separators=(",", ":")).encode()
 
 
 READY_PREFIX = "MOCK_ENGINE_READY "
@@ -165,7 +174,8 @@ def stream_frames(model: str, include_usage: bool) -> list[bytes]:
 class Engine:
     """Shared state: precomputed answers per served model, and counters for /metrics."""
 
-    def __init__(self) -> None:
+    def __init__(self, frame_gap_s: float = 0.0) -> None:
+        self.frame_gap_s = frame_gap_s
         self.running = 0
         self.generated = 0
         self._plain: dict[str, bytes] = {}
@@ -292,8 +302,21 @@ class HttpConnection(asyncio.Protocol):
         opts = req.get("stream_options") or {}
         frames = self.engine.stream(model, bool(opts.get("include_usage")))
         transport.write(STREAM_HEAD + frames[0])
-        for frame in frames[1:]:
+        gap = self.engine.frame_gap_s
+        if not gap:
+            for frame in frames[1:]:
+                transport.write(frame)
+            return
+        self.engine.running += 1
+        loop = asyncio.get_running_loop()
+        for k, frame in enumerate(frames[1:], start=1):
+            loop.call_later(gap * k, self._write_later, transport, frame, k == len(frames) - 1)
+
+    def _write_later(self, transport: asyncio.Transport, frame: bytes, last: bool) -> None:
+        if not transport.is_closing():
             transport.write(frame)
+        if last:
+            self.engine.running -= 1
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
@@ -307,8 +330,8 @@ def _content_length(head: bytes) -> int:
     return int(head[i + 17 : j if j >= 0 else None].strip())
 
 
-async def serve(host: str, port: int) -> None:
-    engine = Engine()
+async def serve(host: str, port: int, frame_gap_s: float = 0.0) -> None:
+    engine = Engine(frame_gap_s)
     loop = asyncio.get_running_loop()
     server = await loop.create_server(
         lambda: HttpConnection(engine), host, port, reuse_address=True, backlog=1024
@@ -323,17 +346,16 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--frame-gap-ms", type=float, default=0.0,
+                        help="pause between stream frames (default 0: all at once)")
     args = parser.parse_args(argv)
-    try:
+    runner: Callable[[Coroutine[Any, Any, None]], None] = asyncio.run
+    with contextlib.suppress(ImportError):
         import uvloop
 
         runner = uvloop.run
-    except ImportError:
-        runner = asyncio.run
-    try:
-        runner(serve(args.host, args.port))
-    except KeyboardInterrupt:
-        pass
+    with contextlib.suppress(KeyboardInterrupt):
+        runner(serve(args.host, args.port, args.frame_gap_ms / 1000))
     sys.exit(0)
 
 

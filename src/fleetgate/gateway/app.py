@@ -4,7 +4,9 @@ The lifespan loads the config, opens the pooled relay client (aiohttp) and the p
 (httpx), starts the fleet (emulated engines, health loop), builds the router and the chat
 service, and hangs them on ``app.state.fleetgate``; on shutdown it closes them in reverse.
 Nothing is global: tests build as many apps as they like, with ``overrides`` replacing
-parts (``config``, ``backend``, ``router``).
+parts (``config``, ``backend``, ``router``, ``otel_env``: the ``OTEL_*`` mapping tracing reads
+instead of ``os.environ``). Telemetry (``telemetry/``) is built here too and hangs on
+``app.state.telemetry``; its tracer provider is flushed and shut down with the app.
 
 Errors: typed ``GatewayError``s map to the OpenAI envelope; an unknown route or method gets
 the envelope too; any other exception is logged with its trace and answered with a plain
@@ -37,6 +39,8 @@ from fleetgate.gateway.decisions import DecisionLog
 from fleetgate.gateway.errors import GatewayError, envelope, error_response, json_error
 from fleetgate.gateway.settings import Settings
 from fleetgate.gateway.state import AppState, build_generation
+from fleetgate.gateway.telemetry import Telemetry, build_telemetry
+from fleetgate.gateway.telemetry import routes as telemetry_routes
 
 log = logging.getLogger("fleetgate")
 
@@ -51,12 +55,17 @@ def create_app(settings: Settings, overrides: dict[str, Any] | None = None) -> S
         backend: Backend = overrides.get("backend") or AiohttpBackend()
         http = httpx.AsyncClient(limits=httpx.Limits(max_connections=256))
         state: AppState | None = None
+        telemetry: Telemetry | None = None
         try:
             gen = await build_generation(config, settings, http, overrides.get("router"))
             timeouts = Timeouts(settings.connect_timeout_s, settings.read_timeout_s,
                                 settings.total_timeout_s)
+            telemetry = build_telemetry(
+                settings, lambda: (state.generation if state else gen).fleet,
+                overrides.get("otel_env"))
+            app.state.telemetry = telemetry
             chat = ChatService(lambda: state.generation if state else gen, backend, timeouts,
-                               DecisionLog())
+                               DecisionLog(), observer=telemetry.observer)
             state = AppState(settings, config, gen, chat, http, time.time(),
                              frozenset(config.public_models()), asyncio.Lock())
             app.state.fleetgate = state
@@ -66,11 +75,13 @@ def create_app(settings: Settings, overrides: dict[str, Any] | None = None) -> S
         finally:
             if state is not None:
                 await state.generation.fleet.stop()
+            if telemetry is not None:
+                await telemetry.close()
             await backend.close()
             await http.aclose()
 
     return Starlette(
-        routes=[*openai.routes, *health.routes, *admin.routes],
+        routes=[*openai.routes, *health.routes, *admin.routes, *telemetry_routes.routes],
         lifespan=lifespan,
         exception_handlers={
             GatewayError: _gateway_error,

@@ -6,6 +6,10 @@ SSE error frame with such a status as the first frame (SGLang's queue-full) move
 next endpoint, up to the policy's attempt limit. Once a stream has started, nothing is
 retried: an upstream failure ends the stream with an SSE error event and ``data: [DONE]``.
 
+Load shedding: when the policy has an SLO that no endpoint is predicted to meet, requests
+marked ``x-priority: low`` get 429 with ``Retry-After`` instead of queueing without bound;
+the others go to the fastest endpoint.
+
 Relay rules: the engine's bytes go to the client unchanged except the ``model`` field (the
 served name becomes the public one). Streams always ask the engine for usage
 (``stream_options.include_usage``) so the gateway knows the token counts; the usage chunk is
@@ -32,6 +36,7 @@ from fleetgate.gateway.decisions import DecisionEntry, DecisionLog
 from fleetgate.gateway.errors import (
     GatewayError,
     NoCapacity,
+    Overloaded,
     UpstreamFailed,
     UpstreamTimeout,
     json_error,
@@ -95,6 +100,10 @@ class ChatService:
         decision = gen.router.route(req.routing, gen.fleet.snapshot())
         entry = self.decisions.record(req.request_id, decision)
         obs.routed(decision)
+        if decision.over_capacity and req.routing.headers.get("x-priority") == "low":
+            raise Overloaded("every endpoint serving this model is past its SLO capacity; "
+                             "low-priority requests are shed (retry later)",
+                             headers={"retry-after": "1"})
         if not len(decision.order):
             raise NoCapacity(f"no endpoint can serve model {req.routing.model!r} now "
                              f"({decision.reason})")

@@ -58,6 +58,13 @@ class PayloadTooLarge(GatewayError):
     code = "request_too_large"
 
 
+class Overloaded(GatewayError):
+    """Every endpoint is past its SLO capacity and this request is low priority: shed."""
+
+    status = 429
+    code = "overloaded"
+
+
 class NoCapacity(GatewayError):
     """No endpoint can take the request (all down, breakers open, or every attempt failed)."""
 

@@ -90,3 +90,58 @@ class NoopObserver:
 NOOP_ATTEMPT = _NoopAttempt()
 NOOP_REQUEST = _NoopRequest()
 NOOP = NoopObserver()
+
+
+class CompositeObserver:
+    """Fans each event out to several observers (telemetry, limits, ...)."""
+
+    def __init__(self, *observers: Observer) -> None:
+        self._observers = observers
+
+    def request(self, request_id: str, path: str, routing: RoutingRequest,
+                traceparent: str | None, body: dict[str, Any]) -> RequestObserver:
+        return _FanRequest([o.request(request_id, path, routing, traceparent, body)
+                            for o in self._observers])
+
+
+class _FanRequest:
+    def __init__(self, children: list[RequestObserver]) -> None:
+        self._children = children
+
+    def routed(self, decision: Decision) -> None:
+        for c in self._children:
+            c.routed(decision)
+
+    def attempt(self, endpoint: Endpoint, served_model: str, number: int) -> AttemptObserver:
+        return _FanAttempt([c.attempt(endpoint, served_model, number) for c in self._children])
+
+    def end(self, status: int, error: str | None = None) -> None:
+        for c in self._children:
+            c.end(status, error)
+
+
+class _FanAttempt:
+    def __init__(self, children: list[AttemptObserver]) -> None:
+        self._children = children
+
+    def headers(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for c in self._children:
+            out.update(c.headers())
+        return out
+
+    def first_token(self, ttft_s: float) -> None:
+        for c in self._children:
+            c.first_token(ttft_s)
+
+    def finished(self, result: AttemptResult) -> None:
+        for c in self._children:
+            c.finished(result)
+
+    def failed(self, status: int, error: str) -> None:
+        for c in self._children:
+            c.failed(status, error)
+
+    def cancelled(self) -> None:
+        for c in self._children:
+            c.cancelled()

@@ -11,6 +11,9 @@
 | FLEETGATE_READ_TIMEOUT_S | 120 | upstream first byte and idle gap between chunks |
 | FLEETGATE_TOTAL_TIMEOUT_S | 600 | whole upstream exchange |
 | FLEETGATE_LOG_LEVEL | info | python log level |
+| FLEETGATE_REQUEST_LOG | stderr | one JSON line per request: stderr, stdout or off |
+
+Tracing is configured by the standard ``OTEL_*`` variables (``gateway/telemetry/tracing.py``).
 
 May touch: os.environ, pydantic. Must not touch: anything else.
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -37,6 +41,7 @@ class Settings(BaseModel):
     read_timeout_s: float = Field(default=120.0, gt=0)
     total_timeout_s: float = Field(default=600.0, gt=0)
     log_level: str = "info"
+    request_log: Literal["stderr", "stdout", "off"] = "stderr"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:

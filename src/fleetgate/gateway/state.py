@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 
 from fleetgate.config import ConfigError, FleetConfig, default_config_path, load_config
+from fleetgate.gateway.auth import KeyTable
 from fleetgate.gateway.chat import ChatService, Generation
+from fleetgate.gateway.limits import LimitEnforcer
+from fleetgate.gateway.store import MemoryLimits
 from fleetgate.gateway.fleet import Fleet
 from fleetgate.gateway.settings import Settings
 from fleetgate.routing import PolicyError, Router, build_router
@@ -39,6 +42,8 @@ class AppState:
     started_at: float
     models: frozenset[str]
     reload_lock: asyncio.Lock
+    keys: KeyTable = field(default_factory=lambda: KeyTable(None))
+    limits: LimitEnforcer = field(default_factory=lambda: LimitEnforcer(MemoryLimits()))
 
     async def reload(self) -> FleetConfig:
         """Re-read the config file; raises ConfigError (nothing changed) when it is bad."""
@@ -50,6 +55,7 @@ class AppState:
                                          adopt=old.fleet.emulators)
             self.generation, self.config = gen, config
             self.models = frozenset(config.public_models())
+            self.keys = KeyTable(config.auth)
             await old.fleet.stop(keep=set(gen.fleet.emulators))
             log.info("reloaded %s: %d pools, policies %s", path, len(config.pools),
                      ", ".join(config.policies))

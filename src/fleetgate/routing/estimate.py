@@ -5,7 +5,8 @@ filter, scorer or the explainer asks for it, so a round-robin decision pays for 
 nothing. With the prior of ``prior.py`` corrected by the learned ``k_tpot``/``k_ttft``:
 
     n      = prompt tokens (estimate), g = max_tokens (256 when absent), C = n + g/2
-    active = max(in_flight, running + queued)        (ours are exact, the engine's seconds old)
+    active = max(in_flight + peers' in_flight, running + queued)   (ours are exact, the
+             other replicas' one sync interval old, the engine's one scrape old)
     B_max  = floor(min(max_batch, kv_capacity_tokens / (n + g)))  (KV memory limits the
              running batch; counted at full length, so admitted requests are never preempted)
     tpot   = k_tpot * (step_base + step_per_ctx_token * C * min(active + 1, B_max))
@@ -101,7 +102,8 @@ class Estimates:
 
     @lazy
     def active(self) -> FloatArray:
-        return np.fmax(self._l("in_flight"), self._l("running") + self._l("queued"))
+        ours = self._l("in_flight") + self._l("peer_in_flight")
+        return np.fmax(ours, self._l("running") + self._l("queued"))
 
     @lazy
     def b_max(self) -> FloatArray:

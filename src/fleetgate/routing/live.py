@@ -75,7 +75,8 @@ class LiveFleet:
         self.index = {ep.id: i for i, ep in enumerate(self.endpoints)}
         n = len(self.endpoints)
         self._live = np.full((len(LIVE_COLUMNS), n), np.nan)
-        for name in ("in_flight", "queued", "health", "block_until", "error_rate"):
+        for name in ("in_flight", "queued", "health", "block_until", "error_rate",
+                     "peer_in_flight", "peer_block_until"):
             self._live[_ROW[name]] = 0.0
         self._live[_ROW["k_tpot"]] = self._live[_ROW["k_ttft"]] = 1.0
         self._live[_ROW["last_contact"]] = -np.inf
@@ -189,6 +190,11 @@ class LiveFleet:
         self._live[_ROW["running"], i] = np.nan if running is None else running
         self._live[_ROW["kv_usage"], i] = np.nan if kv_usage is None else kv_usage
         self._live[_ROW["last_contact"], i] = now
+
+    def on_peers(self, i: int, in_flight: float, block_until: float) -> None:
+        """The other gateway replicas' in-flight requests and breaker on this endpoint."""
+        self._live[_ROW["peer_in_flight"], i] = in_flight
+        self._live[_ROW["peer_block_until"], i] = block_until
 
     def expire_scrapes(self, now: float) -> None:
         """Forget scraped load older than ``stale_after_s`` (unknown, not zero)."""

@@ -83,18 +83,20 @@ class Pipeline:
                             rejected=rejected, estimates=est, alive=alive)
         scores = {s.name: s(inp) for s in self.scorers}
         total, reason = self._total(scores, est, alive)
+        over = self.prefer_slo and not bool(((est.meets_slo > 0) & alive).any())
         if alive.all():
             order = self.picker.order(total, self.max_attempts)
         else:
             pos = np.flatnonzero(alive)
             order = pos[self.picker.order(total[pos], self.max_attempts)]
         return Decision(self.name, req.model, reason, snap.endpoints, idx, order, total,
-                        scores, est, rejected, alive)
+                        scores, est, rejected, alive, over)
 
     def _prefilter(self, snap: Snapshot, idx: np.ndarray, rejected: dict[str, str]) -> Any:
         whole = len(idx) == len(snap.endpoints)
         health = snap.col("health") if whole else snap.col("health")[idx]
-        block = snap.col("block_until") if whole else snap.col("block_until")[idx]
+        block = np.fmax(snap.col("block_until"), snap.col("peer_block_until"))
+        block = block if whole else block[idx]
         contact = snap.col("last_contact") if whole else snap.col("last_contact")[idx]
         bad = (health == NOT_READY) | (block > snap.taken_at) | (
             (contact < snap.taken_at - self.stale_after_s) & (health != PENDING))

@@ -68,7 +68,7 @@ class EndpointInfo:
 
 LIVE_COLUMNS = ("in_flight", "queued", "running", "kv_usage", "ttft_s", "tpot_s",
                 "tokens_per_s", "k_tpot", "k_ttft", "health", "block_until", "last_contact",
-                "error_rate")
+                "error_rate", "peer_in_flight", "peer_block_until")
 STATIC_COLUMNS = ("step_base_s", "step_per_ctx_token_s", "prefill_s_per_token",
                   "kv_capacity_tokens", "max_batch", "max_model_len", "usd_per_s")
 LIVE_ROW = {name: i for i, name in enumerate(LIVE_COLUMNS)}
@@ -84,7 +84,8 @@ class Snapshot:
     last scrape plus dispatches since), ``running``, ``kv_usage`` (0..1), ``ttft_s``/``tpot_s``
     (measured EWMAs), ``tokens_per_s`` (measured output throughput), ``k_tpot``/``k_ttft``
     (learned corrections of the prior), ``health`` (HEALTH_CODES), ``block_until`` (breaker),
-    ``last_contact``, ``error_rate``. ``static`` (read-only, one row per STATIC_COLUMNS name):
+    ``last_contact``, ``error_rate``, ``peer_in_flight``/``peer_block_until`` (what the other
+    gateway replicas report: their in-flight requests and breakers). ``static`` (read-only, one row per STATIC_COLUMNS name):
     the performance prior and the replica's price per second.
     """
 
@@ -127,6 +128,7 @@ class Decision:
     estimates: Any = None  # routing.estimate.Estimates (lazy): est["ttft_s"] etc.
     rejected: Mapping[str, str] = field(default_factory=dict)  # endpoint id -> why filtered
     alive: BoolArray | None = None  # candidates that passed every filter
+    over_capacity: bool = False  # the policy has an SLO and no candidate can meet it now
 
     @property
     def ranked(self) -> tuple[Candidate, ...]:

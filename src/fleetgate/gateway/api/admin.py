@@ -1,10 +1,15 @@
-"""Admin routes: live endpoint state, recent decisions, config reload.
+"""Admin routes: live endpoint state, recent decisions, costs, config reload.
 
 - ``GET /admin/endpoints``: every endpoint's health, breaker, queue, in-flight, TTFT/TPOT
   (EWMA and p50/p95), measured tokens/s, the learned prior corrections, and its price as
   $/Mtok (replica $/s over measured tokens/s) and tokens per $; then the same per pool.
 - ``GET /admin/decisions?limit=N``: the last N routing decisions, newest first, with every
   candidate's per-scorer scores and estimates, the chosen endpoint and the reason.
+- ``GET /admin/costs``: what the traffic cost since start, per pool, per model, per pool and
+  model, and per tenant: requests, tokens, GPU-hours, $ (failed attempts' share apart),
+  $/Mtok and tokens per $ (output tokens, like the router), from the cost ledger
+  (``telemetry/costs.py`` has the attribution rule). Each pool row also carries its current
+  price and measured fleet $/Mtok from the live state for comparison.
 - ``POST /admin/reload``: re-read the config; a bad file changes nothing and the answer
   lists each error with its YAML path (HTTP 400).
 
@@ -24,6 +29,7 @@ from fleetgate.config import ConfigError
 from fleetgate.gateway.api.openai import json_ok
 from fleetgate.gateway.errors import BadRequest, envelope
 from fleetgate.gateway.state import AppState
+from fleetgate.gateway.telemetry.routes import telemetry_of
 
 
 def _state(request: Request) -> AppState:
@@ -87,6 +93,18 @@ async def decisions(request: Request) -> Response:
     return json_ok({"decisions": _state(request).chat.decisions.latest(int(raw))})
 
 
+async def costs(request: Request) -> Response:
+    report = telemetry_of(request).ledger.report()
+    live = {p["pool"]: p for p in pool_rows(endpoint_rows(_state(request)))}
+    for row in report["pools"]:
+        now = live.get(row["pool"])
+        if now is not None:
+            row["live"] = {"endpoints": now["endpoints"], "usd_per_hour": now["usd_per_hour"],
+                           "usd_per_mtok": now["usd_per_mtok"],
+                           "tokens_per_usd": now["tokens_per_usd"]}
+    return json_ok(report)
+
+
 async def reload(request: Request) -> Response:
     state = _state(request)
     try:
@@ -106,5 +124,6 @@ async def reload(request: Request) -> Response:
 routes = [
     Route("/admin/endpoints", endpoints, methods=["GET"]),
     Route("/admin/decisions", decisions, methods=["GET"]),
+    Route("/admin/costs", costs, methods=["GET"]),
     Route("/admin/reload", reload, methods=["POST"]),
 ]

@@ -9,6 +9,7 @@ May touch: starlette, gateway services. Must not touch: backends or routing inte
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 
 import orjson
 from starlette.requests import Request
@@ -30,20 +31,25 @@ from fleetgate.gateway.state import AppState
 
 async def _proxy(request: Request, path: str) -> Response:
     state: AppState = request.app.state.fleetgate
-    request.state.request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+    request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+    request.state.request_id = request_id
+    principal = state.keys.authenticate(request.headers)
     body = decode_json(await read_body(request, state.settings.max_body_bytes))
-    routing = routing_request(path, body, request)
+    routing = replace(routing_request(path, body, request), tenant=principal.tenant)
     if routing.policy is not None and routing.policy not in state.config.policies:
         raise BadRequest(f"unknown policy {routing.policy!r} in x-fleetgate-policy; known: "
                          f"{', '.join(state.config.policies)}", param="x-fleetgate-policy")
+    principal.check_policy(routing.policy)
     if routing.model not in state.models:
         raise NotFound(f"The model '{routing.model}' does not exist. Available: "
                        f"{', '.join(sorted(state.models))}", param="model")
+    principal.check_model(routing.model)
+    await state.limits.admit(principal, request_id)
     prepared = PreparedRequest(
         path=path,
         routing=routing,
         body=body,
-        request_id=request.state.request_id,
+        request_id=request_id,
         client_wants_usage=wants_usage(body),
         traceparent=request.headers.get("traceparent"),
     )
@@ -60,9 +66,11 @@ async def completions(request: Request) -> Response:
 
 async def list_models(request: Request) -> Response:
     state: AppState = request.app.state.fleetgate
+    principal = state.keys.authenticate(request.headers)
     created = int(state.started_at)
     data = [{"id": m, "object": "model", "created": created, "owned_by": "fleetgate"}
-            for m in sorted(state.models)]
+            for m in sorted(state.models)
+            if principal.models is None or m in principal.models]
     return json_ok({"object": "list", "data": data})
 
 

@@ -1,0 +1,132 @@
+"""The Lua scripts of the Redis stores: each check-and-change runs as one atomic step.
+
+Loaded with ``register_script`` (EVALSHA, re-loaded on NOSCRIPT, e.g. after a Redis
+restart). Times are the caller's wall-clock ``now`` (ARGV), so every replica and the
+in-memory store agree on the same arithmetic; key TTLs (PX) are only garbage collection.
+Numbers go back to Python as ``%.17g`` strings because Redis truncates Lua numbers to
+integers.
+
+Sliding window (``TAKE``, ``RECORD``): KEYS[1] is a sorted set, one member per admitted
+amount, scored by its time, member ``"<amount>:<uid>"`` (the uid keeps equal amounts at the
+same time distinct); KEYS[2] holds the running total of the set's amounts, so a call costs
+O(entries that expired), not O(entries). An entry at time t counts while ``t > now -
+window``. Scripts with dynamic key names (``PEERS``) assume one Redis (or a Sentinel-managed
+primary), not Redis Cluster.
+
+May touch: nothing (module strings only).
+"""
+
+from __future__ import annotations
+
+_WINDOW_FUNCTIONS = """
+local function fmt(x) return string.format('%.17g', x) end
+
+local function amount_of(member)
+  return tonumber(string.match(member, '^[^:]+'))
+end
+
+-- drop entries at or before cutoff; returns the remaining total (and keeps KEYS[2] in sync)
+local function trim(log, sum, cutoff, ttl_ms)
+  local total = tonumber(redis.call('GET', sum))
+  local old = redis.call('ZRANGEBYSCORE', log, '-inf', cutoff)
+  if #old > 0 then
+    redis.call('ZREMRANGEBYSCORE', log, '-inf', cutoff)
+  end
+  if redis.call('ZCARD', log) == 0 then
+    redis.call('DEL', sum)
+    return 0
+  end
+  if total == nil then
+    total = 0
+    local all = redis.call('ZRANGE', log, 0, -1)
+    for i = 1, #all do total = total + amount_of(all[i]) end
+    redis.call('SET', sum, fmt(total), 'PX', ttl_ms)
+  elseif #old > 0 then
+    for i = 1, #old do total = total - amount_of(old[i]) end
+    redis.call('SET', sum, fmt(total), 'KEEPTTL')
+  end
+  return total
+end
+
+local function add(log, sum, now, amount_arg, uid, total, ttl_ms)
+  redis.call('ZADD', log, now, amount_arg .. ':' .. uid)
+  redis.call('SET', sum, fmt(total), 'PX', ttl_ms)
+  redis.call('PEXPIRE', log, ttl_ms)
+end
+"""
+
+TAKE = _WINDOW_FUNCTIONS + """
+-- KEYS: log, sum. ARGV: amount, limit, window_s, now, uid, ttl_ms
+-- Returns {allowed (0|1), used, retry_after_s}.
+local log, sum = KEYS[1], KEYS[2]
+local amount, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
+local window, now, ttl_ms = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[6]
+local used = trim(log, sum, now - window, ttl_ms)
+
+local function fits(u)
+  if amount > 0 then return u + amount <= limit end
+  return u < limit
+end
+
+if fits(used) then
+  if amount > 0 then
+    used = used + amount
+    add(log, sum, now, ARGV[1], ARGV[5], used, ttl_ms)
+  end
+  return {1, fmt(used), '0'}
+end
+if amount > limit then return {0, fmt(used), fmt(window)} end
+-- refused: walk the log oldest first until dropping those entries would admit amount
+local left, start = used, 0
+while true do
+  local batch = redis.call('ZRANGE', log, start, start + 127, 'WITHSCORES')
+  if #batch == 0 then return {0, fmt(used), '0'} end
+  for i = 1, #batch, 2 do
+    left = left - amount_of(batch[i])
+    if fits(left) then
+      return {0, fmt(used), fmt(math.max(0, tonumber(batch[i + 1]) + window - now))}
+    end
+  end
+  start = start + 128
+end
+"""
+
+RECORD = _WINDOW_FUNCTIONS + """
+-- KEYS: log, sum. ARGV: amount, window_s, now, uid, ttl_ms. Adds unconditionally.
+local log, sum = KEYS[1], KEYS[2]
+local now, ttl_ms = tonumber(ARGV[3]), ARGV[5]
+local used = trim(log, sum, now - tonumber(ARGV[2]), ttl_ms)
+add(log, sum, now, ARGV[1], ARGV[4], used + tonumber(ARGV[1]), ttl_ms)
+return 1
+"""
+
+ACQUIRE = """
+-- KEYS[1]: holds (sorted set: member = hold id, score = expiry time).
+-- ARGV: limit, now, ttl_s, hold_id, ttl_ms. Returns 1 (held) or 0 (all slots taken).
+local holds, now = KEYS[1], tonumber(ARGV[2])
+redis.call('ZREMRANGEBYSCORE', holds, '-inf', now)
+if redis.call('ZCARD', holds) >= tonumber(ARGV[1]) then return 0 end
+redis.call('ZADD', holds, now + tonumber(ARGV[3]), ARGV[4])
+if redis.call('PTTL', holds) < tonumber(ARGV[5]) then
+  redis.call('PEXPIRE', holds, ARGV[5])
+end
+return 1
+"""
+
+PEERS = """
+-- KEYS[1]: registry (set of replica ids). ARGV: prefix of the shares keys, own replica id.
+-- Returns a flat list {replica_id, shares_blob, ...}; drops ids whose blob has expired.
+local out = {}
+for _, rid in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  if rid ~= ARGV[2] then
+    local blob = redis.call('GET', ARGV[1] .. rid)
+    if blob then
+      out[#out + 1] = rid
+      out[#out + 1] = blob
+    else
+      redis.call('SREM', KEYS[1], rid)
+    end
+  end
+end
+return out
+"""

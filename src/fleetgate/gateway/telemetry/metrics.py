@@ -1,0 +1,158 @@
+"""Prometheus metrics: one private ``CollectorRegistry`` per app, served at ``GET /metrics``.
+
+Two kinds of series:
+
+* **Pushed per request** (``GatewayMetrics``): requests, attempts, retries, decisions,
+  TTFT / TPOT / end-to-end histograms per pool, tokens and cost. Labelled children are
+  resolved once per label set and cached in plain dicts (``prometheus_client``'s
+  ``labels()`` takes a lock and builds a key on every call), so the request path pays a
+  dict lookup and an ``inc``/``observe`` per series.
+* **Read at scrape time** (``FleetCollector``): per-endpoint queue depth, running, in-flight,
+  KV usage, readiness, breaker state, measured tokens/s, $/Mtok, price, and the collector's
+  scrape errors, all read from the live fleet of the current generation when Prometheus
+  scrapes, never pushed per request.
+
+May touch: prometheus_client, the live fleet state (read only). Must not touch: HTTP, the
+request path's control flow.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from fleetgate.gateway.fleet import Fleet
+from fleetgate.gateway.telemetry import names as n
+
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
+TPOT_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
+E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+
+
+def _cached(metric: Any) -> Callable[..., Any]:
+    """``labels(*values)`` with the child cached per label tuple."""
+    children: dict[tuple[str, ...], Any] = {}
+
+    def child(*values: str) -> Any:
+        found = children.get(values)
+        if found is None:
+            found = children[values] = metric.labels(*values)
+        return found
+
+    return child
+
+
+class GatewayMetrics:
+    """The per-request series (see the module docstring); names in ``names.py``."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        def counter(name: str, doc: str, labels: tuple[str, ...]) -> Callable[..., Any]:
+            return _cached(Counter(name, doc, labels, registry=registry))
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Callable[..., Any]:
+            return _cached(Histogram(name, doc, ("pool",), registry=registry, buckets=buckets))
+
+        self.requests = counter(n.M_REQUESTS, "Requests answered, by final endpoint and status",
+                                ("model", "pool", "endpoint", "status", "policy"))
+        self.attempts = counter(n.M_ATTEMPTS, "Upstream attempts by outcome (ok, failed, "
+                                "cancelled)", ("pool", "endpoint", "outcome"))
+        self.retries = counter(n.M_RETRIES, "Attempts after the first, by the pool that "
+                               "failed before", ("model", "policy", "pool"))
+        self.decisions = counter(n.M_DECISIONS, "Routing decisions by chosen pool and reason",
+                                 ("policy", "pool", "reason"))
+        self.ttft = histogram(n.M_TTFT, "Time to first token of streamed answers, from "
+                              "dispatch", TTFT_BUCKETS)
+        self.tpot = histogram(n.M_TPOT, "Time per output token after the first (streams)",
+                              TPOT_BUCKETS)
+        self.e2e = histogram(n.M_E2E, "Upstream attempt time, dispatch to last byte, of "
+                             "successful attempts", E2E_BUCKETS)
+        self.input_tokens = counter(n.M_INPUT_TOKENS, "Prompt tokens of successful attempts",
+                                    ("pool", "model"))
+        self.output_tokens = counter(n.M_OUTPUT_TOKENS, "Completion tokens of successful "
+                                     "attempts", ("pool", "model"))
+        self.cost = counter(n.M_COST, "GPU cost charged to requests (see docs/observability.md"
+                            " for the rule), by attempt outcome",
+                            ("pool", "model", "tenant", "outcome"))
+        self.gpu_seconds = counter(n.M_GPU_SECONDS, "GPU-seconds charged to requests, all "
+                                   "outcomes", ("pool", "model"))
+
+
+_GAUGES: tuple[tuple[str, str, str], ...] = (
+    (n.M_EP_QUEUE, "queued", "Requests waiting at the engine (last scrape + dispatches since)"),
+    (n.M_EP_RUNNING, "running", "Requests the engine runs (last scrape; absent when unknown)"),
+    (n.M_EP_IN_FLIGHT, "in_flight", "Requests this gateway dispatched and has not seen finish"),
+    (n.M_EP_KV, "kv_usage", "KV cache usage 0..1 (last scrape)"),
+    (n.M_EP_TOKENS_PER_S, "tokens_per_s", "Measured output tokens/s of the engine (EWMA)"),
+)
+
+
+class FleetCollector:
+    """Per-endpoint gauges read from the current generation's live state at scrape time."""
+
+    def __init__(self, fleet: Callable[[], Fleet]) -> None:
+        self._fleet = fleet
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(self._families())
+
+    def collect(self) -> Iterator[Metric]:
+        fleet = self._fleet()
+        families = self._families()
+        by_name: dict[str, Any] = {f.name: f for f in families}
+        snap = fleet.snapshot()
+        for i, ep in enumerate(fleet.endpoints):
+            labels = [ep.id, ep.pool]
+            by_name[n.M_EP_INFO].add_metric(
+                [ep.id, ep.pool, ep.accelerator, ep.vendor, ep.engine.name, ep.runtime], 1.0)
+            for name, column, _ in _GAUGES:
+                _add(by_name[name], labels, float(snap.col(column)[i]))
+            st = fleet.live.stats[i]
+            _add(by_name[n.M_EP_READY], labels, float(st.health.state == "ready"))
+            _add(by_name[n.M_EP_BREAKER], labels, float(n.BREAKER_CODES[st.breaker.state]))
+            _add(by_name[n.M_EP_PRICE], labels, ep.price_per_replica_hour)
+            tps = float(snap.col("tokens_per_s")[i])
+            if tps > 0:
+                _add(by_name[n.M_EP_USD_PER_MTOK], labels,
+                     ep.price_per_replica_hour / 3600.0 / tps * 1e6)
+        errors = fleet.collector.scrape_errors if fleet.collector else {}
+        for ep in fleet.endpoints:
+            by_name[n.M_SCRAPE_ERRORS].add_metric(
+                [ep.id, ep.pool], float(errors.get(ep.id, 0)))
+        return iter(families)
+
+    @staticmethod
+    def _families() -> list[Metric]:
+        labels = ["endpoint", "pool"]
+        out: list[Metric] = [GaugeMetricFamily(
+            n.M_EP_INFO, "Who each endpoint is (value 1)",
+            labels=["endpoint", "pool", "accelerator", "vendor", "engine", "runtime"])]
+        out += [GaugeMetricFamily(name, doc, labels=labels) for name, _, doc in _GAUGES]
+        out += [
+            GaugeMetricFamily(n.M_EP_READY, "1 when the health probe says ready", labels=labels),
+            GaugeMetricFamily(n.M_EP_BREAKER, "Circuit breaker: 0 closed, 1 half_open, 2 open",
+                              labels=labels),
+            GaugeMetricFamily(n.M_EP_PRICE, "Replica price, $/hour (GPU price x GPUs)",
+                              labels=labels),
+            GaugeMetricFamily(n.M_EP_USD_PER_MTOK, "Replica $/s over measured output tokens/s,"
+                              " per million tokens (absent until measured)", labels=labels),
+            CounterMetricFamily(n.M_SCRAPE_ERRORS, "Failed engine /metrics scrapes (restarts "
+                                "from 0 on a config reload)", labels=labels),
+        ]
+        return out
+
+
+def _add(family: Any, labels: list[str], value: float) -> None:
+    if not math.isnan(value) and not math.isinf(value):
+        family.add_metric(labels, value)
+
+
+def new_registry(fleet: Callable[[], Fleet]) -> tuple[CollectorRegistry, GatewayMetrics]:
+    """A private registry with the per-request metrics and the scrape-time collector."""
+    registry = CollectorRegistry(auto_describe=True)
+    metrics = GatewayMetrics(registry)
+    registry.register(FleetCollector(fleet))
+    return registry, metrics

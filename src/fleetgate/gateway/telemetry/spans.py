@@ -1,0 +1,130 @@
+"""The spans of one request: server span, ``route`` span, one client span per attempt.
+
+Made only when tracing is on. ``RequestSpans`` holds the request's ``Trace`` (ids and the
+sampling decision); an unsampled request still gets ids, so the upstream is told
+``traceparent: ...-00`` (do not sample) and no span is written. Each span is written once,
+when it ends (``Tracing.emit``): the route span when the decision is made, an attempt's
+client span when its outcome is known, the server span when the request ends (for a stream:
+when the stream ends or the client leaves).
+
+Names and attributes: ``names.py``; GenAI semantic conventions on the client spans
+(``gen_ai.operation.name``, ``gen_ai.provider.name`` = the engine, ``gen_ai.request.model``
+= the served model name, ``gen_ai.usage.*``, ``server.address``/``port``, ...), TTFT as a
+``first_token`` event, errors as ``error.type`` plus an ERROR status.
+
+May touch: opentelemetry span values, telemetry names, endpoint descriptions, routing
+decisions. Must not touch: metrics, costs, HTTP.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+from opentelemetry.sdk.trace import Event
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from fleetgate.backends.endpoints import Endpoint
+from fleetgate.gateway.telemetry import names as n
+from fleetgate.gateway.telemetry.routespan import decision_attributes
+from fleetgate.gateway.telemetry.tracing import UNSET, Attributes, Trace, Tracing
+from fleetgate.routing import Decision, RoutingRequest
+
+
+def _status(error_type: str | None, message: str | None) -> Status:
+    if error_type is None:
+        return UNSET
+    return Status(StatusCode.ERROR, (message or error_type)[:500])
+
+
+class RequestSpans:
+    __slots__ = ("name", "sampled", "trace", "tracing")
+
+    def __init__(self, tracing: Tracing, path: str, traceparent: str | None) -> None:
+        self.tracing = tracing
+        self.name = n.server_span_name(path)
+        self.trace: Trace = tracing.begin(self.name, traceparent)
+        self.sampled = self.trace.sampled
+
+    def route(self, decision: Decision) -> None:
+        if self.sampled:
+            t = self.trace
+            self.tracing.emit(n.SPAN_ROUTE, SpanKind.INTERNAL, t.child(self.tracing.span_id()),
+                              t.server, decision_attributes(decision), t.start_ns,
+                              time.time_ns())
+
+    def attempt(self, endpoint: Endpoint, served: str, number: int, path: str,
+                routing: RoutingRequest, body: Mapping[str, Any]) -> AttemptSpan:
+        return AttemptSpan(self, endpoint, served, number, path, routing, body)
+
+    def end(self, attrs: Attributes, error_type: str | None, message: str | None) -> None:
+        """Write the server span (only called for a sampled request)."""
+        t = self.trace
+        self.tracing.emit(self.name, SpanKind.SERVER, t.server, t.parent, attrs, t.start_ns,
+                          time.time_ns(), _status(error_type, message))
+
+
+class AttemptSpan:
+    __slots__ = ("attrs", "first_ns", "name", "request", "span_id", "start_ns", "ttft_s")
+
+    def __init__(self, request: RequestSpans, ep: Endpoint, served: str, number: int,
+                 path: str, routing: RoutingRequest, body: Mapping[str, Any]) -> None:
+        self.request = request
+        self.span_id = request.tracing.span_id()
+        self.start_ns = time.time_ns()
+        self.first_ns: int | None = None
+        self.ttft_s = 0.0
+        self.attrs: Attributes | None = None
+        if request.sampled:
+            operation = n.OPERATION_BY_PATH.get(path, "chat")
+            self.name = n.client_span_name(operation, served)
+            self.attrs = _attempt_attributes(request.tracing, operation, ep, served, number,
+                                             routing, body)
+
+    @property
+    def recording(self) -> bool:
+        return self.attrs is not None
+
+    def headers(self) -> dict[str, str]:
+        return {"traceparent": self.request.trace.traceparent(self.span_id)}
+
+    def first_token(self, ttft_s: float) -> None:
+        self.first_ns, self.ttft_s = time.time_ns(), ttft_s
+
+    def end(self, attrs: Attributes, error_type: str | None = None,
+            message: str | None = None) -> None:
+        if self.attrs is None:  # not sampled
+            return
+        self.attrs.update(attrs)
+        if error_type is not None:
+            self.attrs[n.ERROR_TYPE] = error_type
+        events = () if self.first_ns is None else (
+            Event(n.EVENT_FIRST_TOKEN, {n.TTFT_S: self.ttft_s}, self.first_ns),)
+        req = self.request
+        req.tracing.emit(self.name, SpanKind.CLIENT, req.trace.child(self.span_id),
+                         req.trace.server, self.attrs, self.start_ns, time.time_ns(),
+                         _status(error_type, message), events)
+
+
+def _attempt_attributes(tracing: Tracing, operation: str, ep: Endpoint, served: str,
+                        number: int, routing: RoutingRequest,
+                        body: Mapping[str, Any]) -> Attributes:
+    server = tracing.servers.get(ep.url)
+    if server is None:
+        parts = urlsplit(ep.url)
+        server = tracing.servers[ep.url] = (parts.hostname or ep.url, parts.port)
+    attrs: Attributes = {
+        n.GENAI_OPERATION: operation, n.GENAI_PROVIDER: ep.engine.name,
+        n.GENAI_REQUEST_MODEL: served, n.SERVER_ADDRESS: server[0], n.POOL: ep.pool,
+        n.ENDPOINT: ep.id, n.VENDOR: ep.vendor, n.ATTEMPT: number}
+    if server[1] is not None:
+        attrs[n.SERVER_PORT] = server[1]
+    if routing.max_tokens is not None:
+        attrs[n.GENAI_MAX_TOKENS] = routing.max_tokens
+    for key, attr in (("temperature", n.GENAI_TEMPERATURE), ("top_p", n.GENAI_TOP_P)):
+        value = body.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            attrs[attr] = value
+    return attrs

@@ -1,0 +1,256 @@
+"""The store contract: one suite, run against the in-memory and the Redis stores.
+
+Time is injected: limits take ``now`` from the test, the memory shared state runs on a fake
+clock. The only wall-clock wait is Redis's own key expiry for a dead replica (TTL 0.3 s,
+bounded poll). Redis tests use a real server (``store_redis.find_test_redis``), one unique key
+prefix per test. The Redis-only tests at the end check that two clients (two replicas) see
+one limit, also under concurrent calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+
+import pytest
+import redis.asyncio as aioredis
+
+from fleetgate.gateway.store import (
+    EndpointShare,
+    LimitStore,
+    MemoryLimits,
+    MemorySharedState,
+    SharedState,
+)
+from fleetgate.gateway.store.redis import RedisLimits, RedisSharedState
+from store_redis import find_test_redis, unique_prefix
+
+T0 = 1_790_000_000.0  # wall-clock epoch seconds, as the gateway passes them
+W = 60.0
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    url, server = find_test_redis()
+    yield url
+    if server is not None:
+        server.kill()
+
+
+class FakeClock:
+    def __init__(self, t: float = 1000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@dataclass
+class Harness:
+    shared: SharedState
+    limits: LimitStore
+    share_ttl_s: float
+    let_shares_expire: Callable[[str], Awaitable[None]]
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
+    if request.param == "memory":
+        clock = FakeClock()
+
+        async def advance(_replica_id: str) -> None:
+            clock.t += 5.01
+
+        yield Harness(MemorySharedState(clock), MemoryLimits(clock), 5.0, advance)
+        return
+    url, prefix = request.getfixturevalue("redis_url"), unique_prefix()
+    raw = aioredis.Redis.from_url(url)
+
+    async def expire(replica_id: str) -> None:  # Redis expires keys itself: bounded poll
+        deadline = time.monotonic() + 3.0
+        while await raw.exists(f"{prefix}replica:{replica_id}"):
+            assert time.monotonic() < deadline, "shares did not expire"
+            await asyncio.sleep(0.02)
+
+    h = Harness(RedisSharedState.from_url(url, prefix), RedisLimits.from_url(url, prefix),
+                0.3, expire)
+    yield h
+    await h.shared.close()
+    await h.limits.close()
+    await raw.aclose()
+
+
+def share(in_flight: float, **kw: object) -> EndpointShare:
+    base: dict = dict(in_flight=in_flight, ttft_s=0.2, tpot_s=0.02, tokens_per_s=1500.0,
+                      k_ttft=1.1, k_tpot=0.9, breaker_open_until=0.0, health="ready")
+    return EndpointShare(**{**base, **kw})
+
+
+# -- SharedState -----------------------------------------------------------------------
+async def test_peers_are_the_other_replicas(store: Harness) -> None:
+    a = {"ep-1": share(3), "ep-2": share(0, ttft_s=None, tpot_s=None, tokens_per_s=None)}
+    b = {"ep-1": share(5, breaker_open_until=math.inf, health="not_ready")}
+    await store.shared.publish("a", a, ttl_s=30)
+    await store.shared.publish("b", b, ttl_s=30)
+    assert await store.shared.peers("a") == {"b": b}
+    assert await store.shared.peers("b") == {"a": a}
+    assert await store.shared.peers("c") == {"a": a, "b": b}
+
+
+async def test_publish_replaces_the_replicas_shares(store: Harness) -> None:
+    await store.shared.publish("a", {"ep-1": share(1), "ep-2": share(2)}, ttl_s=30)
+    await store.shared.publish("a", {"ep-2": share(7)}, ttl_s=30)
+    assert await store.shared.peers("b") == {"a": {"ep-2": share(7)}}
+
+
+async def test_a_dead_replicas_shares_expire(store: Harness) -> None:
+    await store.shared.publish("alive", {"ep-1": share(1)}, ttl_s=30)
+    await store.shared.publish("dead", {"ep-1": share(9)}, ttl_s=store.share_ttl_s)
+    assert set(await store.shared.peers("me")) == {"alive", "dead"}
+    await store.let_shares_expire("dead")
+    assert await store.shared.peers("me") == {"alive": {"ep-1": share(1)}}
+
+
+# -- RateLimits: sliding window --------------------------------------------------------
+async def test_take_allows_up_to_the_limit_then_refuses(store: Harness) -> None:
+    for i in range(3):
+        v = await store.limits.take("rpm:k", 1, 3, W, T0 + i)
+        assert (v.allowed, v.used, v.retry_after_s) == (True, i + 1, 0)
+    v = await store.limits.take("rpm:k", 1, 3, W, T0 + 10)
+    assert (v.allowed, v.used) == (False, 3)
+    assert v.retry_after_s == pytest.approx(W - 10)  # when the entry at T0 leaves
+    v = await store.limits.take("rpm:k", 1, 3, W, T0 + 11)
+    assert (v.allowed, v.used) == (False, 3)  # a refusal adds nothing
+    assert (await store.limits.take("rpm:other", 1, 3, W, T0 + 11)).allowed  # keys are apart
+
+
+async def test_the_window_slides(store: Harness) -> None:
+    for i in range(3):
+        assert (await store.limits.take("k", 1, 3, W, T0 + i)).allowed
+    assert not (await store.limits.take("k", 1, 3, W, T0 + W - 0.001)).allowed
+    v = await store.limits.take("k", 1, 3, W, T0 + W)  # the entry at T0 is out at T0 + W
+    assert (v.allowed, v.used) == (True, 3)
+    assert not (await store.limits.take("k", 1, 3, W, T0 + W + 0.5)).allowed
+    v = await store.limits.take("k", 1, 3, W, T0 + 10 * W)  # long idle: all expired
+    assert (v.allowed, v.used) == (True, 1)
+
+
+@pytest.mark.parametrize(("amount", "allowed", "retry_after_s"), [
+    (2, True, 0.0),           # 4 + 4 + 2 = 10 fits
+    (5, False, W - 3),        # needs the 4 at T0 gone
+    (7, False, W - 1),        # needs both gone: the 4 at T0 + 2 leaves at T0 + 2 + W
+    (11, False, W),           # can never fit: a full window
+])
+async def test_amounts_and_retry_after(store: Harness, amount: float, allowed: bool,
+                                       retry_after_s: float) -> None:
+    await store.limits.take("k", 4, 10, W, T0)
+    await store.limits.take("k", 4, 10, W, T0 + 2)
+    v = await store.limits.take("k", amount, 10, W, T0 + 3)
+    assert v.allowed is allowed
+    assert v.used == (8 + amount if allowed else 8)
+    assert v.retry_after_s == pytest.approx(retry_after_s)
+
+
+async def test_amount_zero_checks_and_record_adds(store: Harness) -> None:
+    """Tokens per minute: check before (amount 0), record after the response."""
+    assert (await store.limits.take("tpm", 0, 100, W, T0)).allowed
+    await store.limits.record("tpm", 60, W, T0)
+    v = await store.limits.take("tpm", 0, 100, W, T0 + 1)
+    assert (v.allowed, v.used) == (True, 60)
+    await store.limits.record("tpm", 50, W, T0 + 2)  # past the limit: recorded anyway
+    v = await store.limits.take("tpm", 0, 100, W, T0 + 3)
+    assert (v.allowed, v.used) == (False, 110)
+    assert v.retry_after_s == pytest.approx(W - 3)  # 50 < 100 once the 60 leaves
+    await store.limits.record("tpm", 40, W, T0 + 4)
+    v = await store.limits.take("tpm", 0, 100, W, T0 + W + 0.5)
+    assert (v.allowed, v.used) == (True, 90)
+    v = await store.limits.take("tpm", 0, 90, W, T0 + W + 0.5)  # used == limit: refused
+    assert (v.allowed, v.retry_after_s) == (False, pytest.approx(1.5))
+    await store.limits.record("tpm", 0, W, T0 + W + 1)  # nothing to add
+    assert (await store.limits.take("tpm", 0, 100, W, T0 + W + 1)).used == 90
+
+
+async def test_fractional_amounts_keep_an_exact_total(store: Harness) -> None:
+    for i in range(10):
+        await store.limits.record("usd", 0.1, 10, T0 + i)
+    v = await store.limits.take("usd", 0, 100, 10, T0 + 10)  # the first 0.1 left
+    assert v.used == pytest.approx(0.9)
+    v = await store.limits.take("usd", 0, 100, 10, T0 + 100)
+    assert v.used == 0
+
+
+# -- RateLimits: concurrency -----------------------------------------------------------
+async def test_acquire_and_release(store: Harness) -> None:
+    h1 = await store.limits.acquire("conc", 2, 30, T0)
+    h2 = await store.limits.acquire("conc", 2, 30, T0)
+    assert h1 is not None and h2 is not None and h1 != h2
+    assert await store.limits.acquire("conc", 2, 30, T0) is None
+    assert await store.limits.acquire("conc:other", 2, 30, T0) is not None
+    await store.limits.release("conc", h1)
+    await store.limits.release("conc", h1)  # twice: harmless
+    await store.limits.release("conc", "no-such-hold")
+    h3 = await store.limits.acquire("conc", 2, 30, T0 + 1)
+    assert h3 is not None
+    assert await store.limits.acquire("conc", 2, 30, T0 + 1) is None
+
+
+async def test_holds_of_a_crashed_replica_expire(store: Harness) -> None:
+    assert await store.limits.acquire("conc", 2, 30, T0) is not None
+    assert await store.limits.acquire("conc", 2, 10, T0) is not None
+    assert await store.limits.acquire("conc", 2, 30, T0 + 9) is None
+    assert await store.limits.acquire("conc", 2, 30, T0 + 10) is not None  # 10 s hold gone
+    assert await store.limits.acquire("conc", 2, 30, T0 + 11) is None
+    assert await store.limits.acquire("conc", 2, 30, T0 + 41) is not None  # both gone
+
+
+# -- Budgets ---------------------------------------------------------------------------
+async def test_spend_totals_per_key_and_period(store: Harness) -> None:
+    day, month = "2026-11-30", "2026-11"
+    assert await store.limits.spent("team-a", day) == 0
+    assert await store.limits.add_spend("team-a", 1.5, day, 86400 * 2) == 1.5
+    assert await store.limits.add_spend("team-a", 2.25, day, 86400 * 2) == 3.75
+    assert await store.limits.add_spend("team-a", 0.125, month, 86400 * 62) == 0.125
+    assert await store.limits.add_spend("team-b", 1.0, day, 86400 * 2) == 1.0
+    assert await store.limits.spent("team-a", day) == 3.75
+    assert await store.limits.spent("team-a", month) == 0.125
+    assert await store.limits.spent("team-a", "2026-12-01") == 0
+
+
+# -- Redis only: two replicas, one limit -----------------------------------------------
+@pytest.fixture()
+async def two_replicas(redis_url: str) -> AsyncIterator[tuple[RedisLimits, RedisLimits]]:
+    prefix = unique_prefix()
+    a, b = RedisLimits.from_url(redis_url, prefix), RedisLimits.from_url(redis_url, prefix)
+    yield a, b
+    await a.close()
+    await b.close()
+
+
+async def test_two_replicas_share_one_limit(
+        two_replicas: tuple[RedisLimits, RedisLimits]) -> None:
+    a, b = two_replicas
+    for i in range(6):
+        assert (await (a, b)[i % 2].take("rpm", 1, 6, W, T0 + i)).allowed
+    assert not (await a.take("rpm", 1, 6, W, T0 + 7)).allowed
+    assert not (await b.take("rpm", 1, 6, W, T0 + 7)).allowed
+    hold = await a.acquire("conc", 1, 30, T0)
+    assert hold is not None
+    assert await b.acquire("conc", 1, 30, T0) is None
+    await b.release("conc", hold)  # any replica may release a hold id it is given
+    assert await b.acquire("conc", 1, 30, T0) is not None
+    await a.add_spend("team", 1.25, "2026-11", 60)
+    assert await b.add_spend("team", 1.0, "2026-11", 60) == 2.25
+
+
+async def test_concurrent_takes_are_atomic(
+        two_replicas: tuple[RedisLimits, RedisLimits]) -> None:
+    a, b = two_replicas
+    verdicts = await asyncio.gather(*[(a, b)[i % 2].take("rpm", 1, 25, W, T0 + i * 1e-3)
+                                      for i in range(60)])
+    assert sum(v.allowed for v in verdicts) == 25
+    holds = await asyncio.gather(*[(a, b)[i % 2].acquire("conc", 7, 30, T0)
+                                   for i in range(30)])
+    assert sum(h is not None for h in holds) == 7

@@ -1,0 +1,165 @@
+"""Tracing: configuration from OTEL_* variables, and the spans one request makes.
+
+Spans are captured in memory (no exporter thread, no network) from the real observer fed a
+real routing decision over the routing test fleet.
+"""
+
+from __future__ import annotations
+
+import pytest
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+from prometheus_client import CollectorRegistry
+from routing_fixtures import MODEL, SERVED, make_fleet, pipeline, request
+from test_costs import endpoint
+
+from fleetgate.gateway.observe import AttemptResult
+from fleetgate.gateway.telemetry.costs import CostLedger
+from fleetgate.gateway.telemetry.logs import RequestLog
+from fleetgate.gateway.telemetry.metrics import GatewayMetrics
+from fleetgate.gateway.telemetry.observer import TelemetryObserver
+from fleetgate.gateway.telemetry.otlp import OtlpHttpExporter as Http
+from fleetgate.gateway.telemetry.tracing import Tracing, exporters_from_env
+
+ENDPOINT = "http://127.0.0.1:4318"
+
+
+@pytest.mark.parametrize(("env", "kinds"), [
+    ({}, []),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": ENDPOINT}, [Http]),
+    ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": ENDPOINT + "/v1/traces"}, [Http]),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317",
+      "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, [Grpc]),
+    ({"OTEL_TRACES_EXPORTER": "console"}, [ConsoleSpanExporter]),
+    ({"OTEL_TRACES_EXPORTER": "otlp,console"}, [Http, ConsoleSpanExporter]),
+    ({"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": ENDPOINT}, []),
+    ({"OTEL_SDK_DISABLED": "true", "OTEL_EXPORTER_OTLP_ENDPOINT": ENDPOINT}, []),
+])
+def test_exporters_from_env(env: dict[str, str], kinds: list[type]) -> None:
+    exporters = exporters_from_env(env)
+    assert [type(e) for e in exporters] == kinds
+    for e in exporters:
+        e.shutdown()
+
+
+def test_http_endpoint_gets_the_traces_path() -> None:
+    (exporter,) = exporters_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": ENDPOINT + "/"})
+    assert exporter.endpoint == ENDPOINT + "/v1/traces"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("env", [{"OTEL_TRACES_EXPORTER": "zipkin"},
+                                 {"OTEL_EXPORTER_OTLP_ENDPOINT": ENDPOINT,
+                                  "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}])
+def test_unsupported_exporter_fails_loudly(env: dict[str, str]) -> None:
+    with pytest.raises(ValueError, match="OTEL_"):
+        exporters_from_env(env)
+
+
+CALLER_TRACE = "0af7651916cd43dd8448eb211c80319c"
+CALLER_SPAN = "b7ad6b7169203331"
+
+
+def _traced_request() -> tuple[list[ReadableSpan], list[dict[str, str]]]:
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(shutdown_on_exit=False)
+    processor = SimpleSpanProcessor(memory)
+    provider.add_span_processor(processor)
+    observer = TelemetryObserver(GatewayMetrics(CollectorRegistry()), CostLedger(),
+                                 RequestLog(None), Tracing(provider, [processor]), lambda _: 0.0)
+    live = make_fleet()
+    decision = pipeline("cost", slo={"ttft_ms": 2000, "tpot_ms": 100}).route(
+        request(), live.snapshot(1.0))
+    first, second = decision.ranked_endpoints(2)
+    req = observer.request("rid-1", "/v1/chat/completions", request(stream=True),
+                           f"00-{CALLER_TRACE}-{CALLER_SPAN}-01", {"temperature": 0.2})
+    req.routed(decision)
+    headers = []
+    for number, info, fails in ((0, first, True), (1, second, False)):
+        vendor = info.vendor
+        ep = endpoint(info.pool, info.accelerator, vendor, info.engine, 2.0)
+        attempt = req.attempt(ep, SERVED, number)
+        headers.append(attempt.headers())
+        if fails:
+            attempt.failed(503, "queue full")
+        else:
+            attempt.first_token(0.25)
+            attempt.finished(AttemptResult(200, {"prompt_tokens": 7, "completion_tokens": 9},
+                                           0.25, 1.0, 1.0))
+    req.end(200)
+    provider.shutdown()
+    return list(memory.get_finished_spans()), headers
+
+
+def test_spans_of_a_retried_request() -> None:
+    spans, headers = _traced_request()
+    by_name = {s.name: s for s in spans}
+    server = by_name["POST /v1/chat/completions"]
+    route = by_name["route"]
+    clients = sorted((s for s in spans if s.kind == SpanKind.CLIENT),
+                     key=lambda s: s.attributes["fleetgate.attempt"])  # type: ignore[index]
+    assert len(spans) == 4 and len(clients) == 2
+    assert server.kind == SpanKind.SERVER
+    assert format(server.context.trace_id, "032x") == CALLER_TRACE  # the caller's trace goes on
+    assert server.parent is not None and format(server.parent.span_id, "016x") == CALLER_SPAN
+    for child in (route, *clients):
+        assert child.parent is not None and child.parent.span_id == server.context.span_id
+        assert child.context.trace_id == server.context.trace_id
+    for span, sent in zip(clients, headers, strict=True):  # the engine's parent is the attempt
+        assert sent["traceparent"] == \
+            f"00-{server.context.trace_id:032x}-{span.context.span_id:016x}-01"
+    failed, ok = clients
+    assert failed.status.status_code == StatusCode.ERROR
+    assert failed.attributes["error.type"] == "503"  # type: ignore[index]
+    assert ok.name == f"chat {SERVED}"
+    assert [e.name for e in ok.events] == ["first_token"]
+    attrs = dict(ok.attributes or {})
+    assert attrs["gen_ai.operation.name"] == "chat"
+    assert attrs["gen_ai.request.model"] == attrs["gen_ai.response.model"] == SERVED
+    assert (attrs["gen_ai.usage.input_tokens"], attrs["gen_ai.usage.output_tokens"]) == (7, 9)
+    assert attrs["gen_ai.request.max_tokens"] == 128
+    assert attrs["gen_ai.request.temperature"] == 0.2
+    assert (attrs["server.address"], attrs["server.port"]) == ("127.0.0.1", 9001)
+    assert attrs["fleetgate.cost.usd"] == pytest.approx(2.0 / 3600)
+    total = sum(c.attributes["fleetgate.cost.usd"] for c in clients)  # type: ignore[index]
+    assert server.attributes["fleetgate.cost.usd"] == pytest.approx(total)  # type: ignore[index]
+    assert server.attributes["fleetgate.attempts"] == 2  # type: ignore[index]
+    assert server.attributes["gen_ai.request.model"] == MODEL  # type: ignore[index]
+
+
+def test_route_span_explains_the_choice() -> None:
+    spans, _ = _traced_request()
+    attrs = dict(next(s for s in spans if s.name == "route").attributes or {})
+    assert attrs["fleetgate.route.policy"] == "cost"
+    assert attrs["fleetgate.route.candidates"] == 4
+    assert len(attrs["fleetgate.route.order"]) >= 2  # type: ignore[arg-type]
+    for who in ("chosen", "runner_up"):
+        prefix = f"fleetgate.route.{who}"
+        for key in ("endpoint", "pool", "score",
+                    "scores.cost", "estimate.ttft_s", "estimate.usd_per_mtok"):
+            assert f"{prefix}.{key}" in attrs, f"{prefix}.{key}"
+    assert attrs["fleetgate.route.chosen.endpoint"] == attrs["fleetgate.route.order"][0]  # type: ignore[index]
+    assert attrs["fleetgate.route.estimated_cost_usd"] > 0  # type: ignore[operator]
+
+
+def test_unsampled_request_writes_no_span_but_tells_the_engine() -> None:
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ALWAYS_OFF, shutdown_on_exit=False)
+    processor = SimpleSpanProcessor(memory)
+    provider.add_span_processor(processor)
+    lines: list[bytes] = []
+    observer = TelemetryObserver(GatewayMetrics(CollectorRegistry()), CostLedger(),
+                                 RequestLog(lines.append), Tracing(provider, [processor]),
+                                 lambda _: 0.0)
+    req = observer.request("rid-2", "/v1/chat/completions", request(), None, {})
+    attempt = req.attempt(endpoint("h100-vllm", "h100", "nvidia", "vllm", 2.0), SERVED, 0)
+    version, trace, _, flags = attempt.headers()["traceparent"].split("-")
+    assert version == "00" and not int(flags, 16) & 1  # the engine is told: not sampled
+    attempt.finished(AttemptResult(200, None, None, 0.5, 1.0))
+    req.end(200)
+    assert memory.get_finished_spans() == ()
+    assert trace in lines[0].decode()  # the log line still carries the trace id
