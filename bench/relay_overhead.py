@@ -7,26 +7,31 @@ plain and streamed (16 content chunks), at concurrency 1 and 32.
 How (DESIGN.md §4's method):
 
 * ``bench/mock_engine.py``, an instant vLLM-shaped mock (raw asyncio), pinned to CPU 1.
-* ``fleetgate serve`` (uvicorn + uvloop + httptools, the production entry point) pinned to
-  CPU 0, alone: one pool ``bench`` with the mock as its only endpoint; once with a
-  ``round_robin`` default policy and once with ``cost``.
+* ``fleetgate serve`` (uvicorn + uvloop + httptools, the production entry point, default
+  settings) pinned to CPU 0: one pool ``bench`` with the mock as its only endpoint; one
+  gateway with a ``round_robin`` default policy and one with ``cost`` (both started up
+  front; the idle one costs only its 1 Hz probe and scrape).
 * The load generator is this process, pinned to CPU 1 beside the mock: a raw asyncio
   HTTP/1.1 client (uvloop; one keep-alive connection per concurrent user, each sends its
   next request the moment the previous response is complete, closed loop). Its own limit is
   the "direct" rows: the same load sent to the mock without the gateway.
-* Each scenario: 1 s warm-up, then a fixed measured window (8 s by default). Latency is from
-  the request write to the last byte of the response. Requests/s counts responses
-  completed in the window. CPU ms/request is the process's utime+stime from /proc/<pid>/stat
-  over the window divided by the requests completed in it (the same for the mock and, via
-  ``time.process_time``, for the generator, to show they do not dominate).
-* Every response is checked: status 200; the first one of each scenario in full (the
-  public model name rewritten by the gateway, streams ending in ``data: [DONE]``).
+* Rounds (4 by default): each runs every target (direct, gw-rr, gw-cost) and scenario in
+  turn, 0.5 s warm-up then a 3 s measured window. Interleaving spreads the disturbance of
+  other processes on a shared machine; each row reports the round with the least CPU used
+  by other processes in its window (all rounds are listed too). ``--nice -10`` (root)
+  shields the benchmark further.
+* Latency is from the request write to the last byte of the response. Requests/s counts
+  responses completed in the window. CPU ms/request is the process's utime+stime from
+  /proc/<pid>/stat over the window divided by the requests completed in it (the same for
+  the mock and, via ``time.process_time``, for the generator, to show they do not
+  dominate). Other load is /proc/stat busy time minus the benchmark's own processes.
+* Every response is checked: status 200; the first one of each window in full (the public
+  model name rewritten by the gateway, streams of 19 frames ending in ``data: [DONE]``).
 
-Run: ``.venv/bin/python bench/relay_overhead.py`` (about 2.5 minutes; ``--duration 3`` for a
-quick look). Writes the markdown table to ``bench/results/relay_overhead.md``. Children are
-killed on exit, also when this process dies (PR_SET_PDEATHSIG).
+Run: ``.venv/bin/python bench/relay_overhead.py [--nice -10]`` (about 3 minutes;
+``--rounds 1`` for a quick look). Writes the tables to ``bench/results/relay_overhead.md``.
+Children are killed on exit, also when this process dies (PR_SET_PDEATHSIG).
 """
-
 from __future__ import annotations
 
 import argparse
@@ -42,6 +47,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 import urllib.request
 from collections.abc import Callable
@@ -369,12 +375,28 @@ def machine() -> dict[str, str]:
             "commit": rev}
 
 
-def median_rounds(results: list[Result]) -> list[Result]:
-    """Per (target, mode, concurrency): the round with the median requests/s."""
+def quietest_rounds(results: list[Result]) -> list[Result]:
+    """Per (target, mode, concurrency): the round least disturbed by other processes."""
     groups: dict[tuple[str, str, int], list[Result]] = {}
     for r in results:
         groups.setdefault((r.target, r.mode, r.concurrency), []).append(r)
-    return [sorted(g, key=lambda r: r.rps)[(len(g) - 1) // 2] for g in groups.values()]
+    return [min(g, key=lambda r: r.other_pct + r.steal_pct) for g in groups.values()]
+
+
+def rounds_table(results: list[Result], rounds: int) -> str:
+    """Every round of every row: req/s, p50 and gateway CPU ms/req (other load %)."""
+    groups: dict[tuple[str, str, int], list[Result]] = {}
+    for r in results:
+        groups.setdefault((r.target, r.mode, r.concurrency), []).append(r)
+    head = " | ".join(f"round {i + 1}" for i in range(rounds))
+    lines = [f"| target | mode | c | {head} |", "|---|---|--:|" + "---|" * rounds]
+    for (target, mode, conc), g in groups.items():
+        cells = []
+        for r in g:
+            gw = f", {r.cpu_ms['gateway']:.2f} ms CPU" if "gateway" in r.cpu_ms else ""
+            cells.append(f"{r.rps:,.0f}/s, p50 {r.pct(0.5):.2f}{gw} ({r.other_pct:.0f}%)")
+        lines.append(f"| {target} | {mode} | {conc} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def table(results: list[Result]) -> str:
@@ -404,33 +426,35 @@ def report(results: list[Result], info: dict[str, str], args: argparse.Namespace
            idle_ms_per_s: float, niceness: int) -> str:
     gap = (f"{args.frame_gap_ms:g} ms apart" if args.frame_gap_ms else
            "back to back, so the gateway mostly reads a whole stream at once")
-    return f"""# Gateway relay overhead
-
-Produced by `bench/relay_overhead.py {' '.join(sys.argv[1:])}`
-on {time.strftime('%Y-%m-%d')} (commit {info['commit']}, plus the working tree).
-
-**Method.** `fleetgate serve` (uvicorn, uvloop, httptools: the production entry point)
-pinned alone to CPU {GATEWAY_CPU}; `bench/mock_engine.py` (instant vLLM-shaped answers, raw
-asyncio) and the load generator (raw asyncio HTTP/1.1 client, one keep-alive connection per
-concurrent user, closed loop) pinned together to CPU {LOAD_CPU}. One pool `bench` (h100, vllm)
-with the mock as its only endpoint; `gw-rr` routes with `round_robin`, `gw-cost` with `cost`.
-`/v1/chat/completions`, plain (589-byte JSON answer) or stream (role chunk + 16 content chunks
-+ usage chunk + `[DONE]`, each frame its own socket write by the mock, {gap}; the client
-asks for usage). {args.rounds} rounds, each running every target and scenario in turn for
-{args.warmup:g} s warm-up + {args.duration:g} s measured; each row is the round with the median
-req/s. Latency: request write to last response byte. *added* = gateway minus direct at the
-same mode and concurrency. CPU ms/req: the process's utime+stime (`/proc/<pid>/stat`, all
-threads) over the window / responses completed in it. The gateway's idle background (health
-probe + `/metrics` scrape of the one endpoint every 1 s) costs {idle_ms_per_s:.1f} CPU ms/s and
-is included. *other load*: CPU used meanwhile by processes outside the benchmark, % of all
-CPUs (a shared machine; rows with a high value are noisy). Benchmark processes ran at nice
-{niceness}. The *direct* rows are the load generator's own ceiling with the mock.
-
-**Machine.** {info['cpu']}; Linux {info['kernel']}; Python {info['python']};
-{info['packages']}.
-
-{table(results)}
-"""
+    method = (
+        f"**Method.** `fleetgate serve` (uvicorn, uvloop, httptools: the production entry "
+        f"point, default settings) pinned alone to CPU {GATEWAY_CPU}; `bench/mock_engine.py` "
+        f"(instant vLLM-shaped answers, raw asyncio) and the load generator (raw asyncio "
+        f"HTTP/1.1 client, one keep-alive connection per concurrent user, closed loop) pinned "
+        f"together to CPU {LOAD_CPU}. One pool `bench` (h100, vllm) with the mock as its only "
+        f"endpoint; `gw-rr` routes with `round_robin`, `gw-cost` with `cost`. "
+        f"`/v1/chat/completions`, plain (589-byte JSON answer) or stream (role chunk + 16 "
+        f"content chunks + usage chunk + `[DONE]`, each frame its own socket write by the "
+        f"mock, {gap}; the client asks for usage). {args.rounds} rounds, each running every "
+        f"target and scenario in turn for {args.warmup:g} s warm-up + {args.duration:g} s "
+        f"measured; each row is the round with the least other load (all rounds are "
+        f"listed at the end). Latency: request write to "
+        f"last response byte. *added* = gateway minus direct at the same mode and "
+        f"concurrency. CPU ms/req: the process's utime+stime (`/proc/<pid>/stat`, all "
+        f"threads) over the window / responses completed in it. The gateway's idle "
+        f"background (health probe + `/metrics` scrape of the one endpoint every 1 s) costs "
+        f"{idle_ms_per_s:.1f} CPU ms/s and is included. *other load*: CPU used meanwhile by "
+        f"processes outside the benchmark, % of all CPUs (on a shared machine, rows with a "
+        f"high value are noisy). Benchmark processes ran at nice {niceness}. The *direct* "
+        f"rows are the load generator's own ceiling with the mock.")
+    machine_line = (f"**Machine.** {info['cpu']}; Linux {info['kernel']}; Python "
+                    f"{info['python']}; {info['packages']}.")
+    run_line = (f"Produced by `bench/relay_overhead.py {' '.join(sys.argv[1:])}` at "
+                f"{time.strftime('%Y-%m-%d %H:%M')} on commit {info['commit']} plus the "
+                f"working tree of that moment.")
+    paragraphs = [textwrap.fill(p, 92, break_on_hyphens=False)
+                  for p in (run_line, method, machine_line)]
+    return "# Gateway relay overhead\n\n" + "\n\n".join(paragraphs) + f"\n\n{table(results)}\n"
 
 
 # ---------------------------------------------------------------- main
@@ -456,7 +480,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--duration", type=float, default=3.0, help="measured seconds a window")
     parser.add_argument("--warmup", type=float, default=0.5, help="warm-up seconds a window")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--strategies", default="round_robin,cost")
     parser.add_argument("--nice", type=int, default=0,
                         help="niceness for all benchmark processes (negative needs root; "
@@ -515,8 +539,10 @@ def main(argv: list[str] | None = None) -> None:
         for child in reversed(children):
             child.stop()
 
-    chosen = median_rounds(results)
+    chosen = quietest_rounds(results)
     text = report(chosen, machine(), args, idle, niceness)
+    text += ("\nEvery round: req/s, p50 ms, gateway CPU ms/req (other load %).\n\n"
+             + rounds_table(results, args.rounds) + "\n")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     print()

@@ -14,14 +14,17 @@ configurations of the same gateway over the same instant engine:
 
 How: ``bench/mock_engine.py`` (instant vLLM-shaped answers), the OTLP receiver (this script
 with ``--receiver``: decodes each export and counts the spans) and the load generator (this
-process: aiohttp, one keep-alive connection per concurrent user, closed loop) are pinned to
-CPU 1; the gateway under test alone to CPU 0. Each round runs every configuration in turn
-for each mode: warm-up, then a measured window; CPU ms/request is the gateway process's
-utime+stime (``/proc/<pid>/stat``, all threads) over the window / responses completed in
-it. The table shows the median round. The receiver's span count is checked against the
-traced requests (3 spans each) so a silently dropping exporter cannot look cheap.
+process: aiohttp, one keep-alive connection per concurrent user, closed loop). With
+``--pin`` (a dedicated machine) the gateway runs alone on CPU 0 and the rest on CPU 1; on a
+shared machine pinning starves the pinned processes, so by default nothing is pinned. The
+three gateways run side by side; each round runs every configuration in turn for each mode:
+warm-up, then a measured window. CPU ms/request is the gateway process's utime+stime
+(``/proc/<pid>/stat``, all threads, so the span export thread is counted) over the window /
+responses completed in it. The table shows medians over rounds and their range. The
+receiver's span count is checked against the traced requests (3 spans each) so a silently
+dropping exporter cannot look cheap.
 
-Run: ``.venv/bin/python bench/tracing_overhead.py`` (about 2 minutes; ``--duration 2
+Run: ``.venv/bin/python bench/tracing_overhead.py`` (about 3 minutes; ``--duration 2
 --rounds 1`` for a quick look). Writes ``bench/results/tracing_overhead.md``.
 """
 
@@ -174,7 +177,7 @@ def start_gateway(config: Path, cpu: int | None, env: dict[str, str]) -> Child:
 
 async def measure(url: str, gateway: Child, stream: bool, concurrency: int, warmup: float,
                   duration: float) -> tuple[int, float, float]:
-    """(responses, seconds, gateway CPU seconds) in the measured window."""
+    """Closed loop: (responses, seconds, gateway CPU seconds) in the measured window."""
     import aiohttp
 
     body: dict[str, object] = {"model": PUBLIC, "max_tokens": 16,
@@ -251,20 +254,21 @@ async def one_round(gateways: dict[str, Child], args: argparse.Namespace,
             if variant == "traced":
                 traced[0] += n
             print(f"  {variant:7} {mode:6} {n / secs:7,.0f} req/s  gateway "
-                  f"{cpu * 1000 / max(n, 1):.3f} CPU ms/req", flush=True)
+                  f"{cpu * 1000 / max(n, 1):.3f} CPU ms/req, {cpu / secs:.0%} busy", flush=True)
 
 
 def table(rows: list[Row]) -> str:
-    lines = ["| mode | config | req/s | gateway CPU ms/req | vs `log` (tracing off) |",
-             "|---|---|--:|--:|--:|"]
+    lines = ["| mode | config | req/s | gateway CPU ms/req (median) | range over rounds "
+             "| vs `log` (tracing off) |", "|---|---|--:|--:|--:|--:|"]
     for mode in ("plain", "stream"):
-        med = {v: statistics.median(r.cpu_ms for r in rows if r.variant == v and r.mode == mode)
+        cpu = {v: [r.cpu_ms for r in rows if r.variant == v and r.mode == mode]
                for v in VARIANTS}
-        rps = {v: statistics.median(r.rps for r in rows if r.variant == v and r.mode == mode)
-               for v in VARIANTS}
+        med = {v: statistics.median(x) for v, x in cpu.items()}
         for v in VARIANTS:
+            rps = statistics.median(r.rps for r in rows if r.variant == v and r.mode == mode)
             delta = (med[v] / med["log"] - 1) * 100
-            lines.append(f"| {mode} | {v} | {rps[v]:,.0f} | {med[v]:.3f} | {delta:+.1f}% |")
+            lines.append(f"| {mode} | {v} | {rps:,.0f} | {med[v]:.3f} | "
+                         f"{min(cpu[v]):.3f}-{max(cpu[v]):.3f} | {delta:+.1f}% |")
     return "\n".join(lines)
 
 
@@ -285,13 +289,16 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=5.0, help="measured seconds")
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--pin", action="store_true",
+                        help="pin the gateway to CPU 0 and the rest to CPU 1 (only on a "
+                             "machine nobody else uses: pinned processes starve otherwise)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     if args.receiver:
         receiver_main()
         return
-    pinned = {GATEWAY_CPU, LOAD_CPU} <= os.sched_getaffinity(0)
+    pinned = args.pin and {GATEWAY_CPU, LOAD_CPU} <= os.sched_getaffinity(0)
     gw_cpu, load_cpu = (GATEWAY_CPU, LOAD_CPU) if pinned else (None, None)
     if pinned:
         os.sched_setaffinity(0, {LOAD_CPU})
@@ -326,12 +333,15 @@ def main() -> None:
 
 
 def report(rows: list[Row], args: argparse.Namespace, spans: int, traced: int) -> str:
+    placement = (f"Gateway pinned alone to CPU {GATEWAY_CPU}; mock engine, OTLP receiver and "
+                 f"load generator to CPU {LOAD_CPU}." if args.pin else
+                 "Processes not pinned (a shared machine).")
     return f"""# Tracing overhead
 
 Produced by `bench/tracing_overhead.py {' '.join(sys.argv[1:])}` on {time.strftime('%Y-%m-%d')}.
-Gateway alone on CPU {GATEWAY_CPU}; mock engine, OTLP receiver and load generator (aiohttp,
-c={args.concurrency}, closed loop) on CPU {LOAD_CPU}. `cost` policy, one endpoint. {args.rounds}
-rounds x {args.warmup:g} s warm-up + {args.duration:g} s measured per row; medians.
+{placement} Load generator: aiohttp, c={args.concurrency}, closed loop.
+`cost` policy, one endpoint. {args.rounds} rounds, each running every configuration in turn
+({args.warmup:g} s warm-up + {args.duration:g} s measured); medians, with the range over rounds.
 Spans received by the OTLP receiver: {spans:,} for at least {traced:,} traced requests in the
 measured windows (3 spans each, plus warm-ups).
 

@@ -23,10 +23,11 @@ import httpx
 from fleetgate.config import ConfigError, FleetConfig, default_config_path, load_config
 from fleetgate.gateway.auth import KeyTable
 from fleetgate.gateway.chat import ChatService, Generation
-from fleetgate.gateway.limits import LimitEnforcer
-from fleetgate.gateway.store import MemoryLimits
 from fleetgate.gateway.fleet import Fleet
+from fleetgate.gateway.limits import LimitEnforcer
+from fleetgate.gateway.registry import Registration, RegistrationBody, endpoint_id, merge
 from fleetgate.gateway.settings import Settings
+from fleetgate.gateway.store import MemoryLimits
 from fleetgate.routing import PolicyError, Router, build_router
 
 log = logging.getLogger("fleetgate")
@@ -44,22 +45,55 @@ class AppState:
     reload_lock: asyncio.Lock
     keys: KeyTable = field(default_factory=lambda: KeyTable(None))
     limits: LimitEnforcer = field(default_factory=lambda: LimitEnforcer(MemoryLimits()))
+    registrations: dict[str, Registration] = field(default_factory=dict)  # by engine URL
 
     async def reload(self) -> FleetConfig:
         """Re-read the config file; raises ConfigError (nothing changed) when it is bad."""
         async with self.reload_lock:
             path = self.settings.config_path or default_config_path()
             config = load_config(path)
-            old = self.generation
-            gen = await build_generation(config, self.settings, self.http,
-                                         adopt=old.fleet.emulators)
-            self.generation, self.config = gen, config
-            self.models = frozenset(config.public_models())
-            self.keys = KeyTable(config.auth)
-            await old.fleet.stop(keep=set(gen.fleet.emulators))
+            await self._apply(config)
             log.info("reloaded %s: %d pools, policies %s", path, len(config.pools),
                      ", ".join(config.policies))
             return config
+
+    async def register(self, body: RegistrationBody, now: float) -> tuple[str, bool]:
+        """Add (or refresh) a worker's endpoint; returns its id and whether it is new."""
+        async with self.reload_lock:
+            known = self.registrations.get(body.url)
+            self.registrations[body.url] = Registration(body, now + body.ttl_s)
+            if known is not None and known.body == body:
+                return str(endpoint_id(self.generation.fleet.config, body.url)), False
+            try:
+                await self._apply(self.config)
+            except Exception:
+                self.registrations.pop(body.url, None)
+                raise
+            return str(endpoint_id(self.generation.fleet.config, body.url)), True
+
+    async def deregister(self, endpoint: str | None = None, now: float | None = None) -> bool:
+        """Remove one endpoint by id, or every registration expired at ``now``."""
+        async with self.reload_lock:
+            fleet_config = self.generation.fleet.config
+            doomed = [url for url, reg in self.registrations.items()
+                      if endpoint_id(fleet_config, url) == endpoint
+                      or (now is not None and reg.expires_at <= now)]
+            for url in doomed:
+                log.info("endpoint %s leaves the fleet", endpoint_id(fleet_config, url))
+                del self.registrations[url]
+            if doomed:
+                await self._apply(self.config)
+            return bool(doomed)
+
+    async def _apply(self, config: FleetConfig) -> None:
+        effective = merge(config, list(self.registrations.values()))
+        old = self.generation
+        gen = await build_generation(effective, self.settings, self.http,
+                                     adopt=old.fleet.emulators)
+        self.generation, self.config = gen, config
+        self.models = frozenset(effective.public_models())
+        self.keys = KeyTable(config.auth)
+        await old.fleet.stop(keep=set(gen.fleet.emulators))
 
 
 async def build_generation(config: FleetConfig, settings: Settings, http: httpx.AsyncClient,

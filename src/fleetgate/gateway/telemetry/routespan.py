@@ -16,8 +16,11 @@ May touch: routing decision values. Must not touch: opentelemetry, HTTP, metrics
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
+
+import numpy as np
 
 from fleetgate.gateway.telemetry import names as n
 from fleetgate.routing import Decision
@@ -27,39 +30,46 @@ def decision_attributes(decision: Decision) -> dict[str, Any]:
     attrs: dict[str, Any] = {
         n.ROUTE_POLICY: decision.policy, n.ROUTE_REASON: decision.reason,
         n.ROUTE_REJECTED: len(decision.rejected),
-        n.ROUTE_CANDIDATES: int(decision.alive.sum()) if decision.alive is not None
-        else len(decision.order),
+        n.ROUTE_CANDIDATES: int(np.count_nonzero(decision.alive))
+        if decision.alive is not None else len(decision.order),
     }
     head = decision.order.tolist()
     if not head:
         return attrs
-    endpoints, idx = decision.endpoints, decision.idx
+    endpoints, idx = decision.endpoints, decision.idx.tolist()
     attrs[n.ROUTE_ORDER] = [endpoints[idx[k]].id for k in head]
     best = head[:2] if len(head) >= 2 else decision.full_order()[:2]
     chosen = endpoints[idx[best[0]]]
-    attrs.update({f"{n.ROUTE_CHOSEN}.vendor": chosen.vendor,
-                  f"{n.ROUTE_CHOSEN}.accelerator": chosen.accelerator,
-                  f"{n.ROUTE_CHOSEN}.engine": chosen.engine})
+    attrs[_CHOSEN_VENDOR] = chosen.vendor
+    attrs[_CHOSEN_ACCELERATOR] = chosen.accelerator
+    attrs[_CHOSEN_ENGINE] = chosen.engine
+    columns = [("score", decision.total.tolist())] if decision.total is not None else []
+    columns += [("scores." + name, v.tolist()) for name, v in decision.scores.items()]
+    if decision.estimates is not None:
+        columns += [("estimate." + name, decision.estimates[name].tolist())
+                    for name in n.ROUTE_ESTIMATES]
     for prefix, k in zip((n.ROUTE_CHOSEN, n.ROUTE_RUNNER_UP), best, strict=False):
         ep = endpoints[idx[k]]
-        attrs[f"{prefix}.endpoint"] = ep.id
-        attrs[f"{prefix}.pool"] = ep.pool
-        if decision.total is not None:
-            _put(attrs, f"{prefix}.score", float(decision.total[k]))
-        for name, values in decision.scores.items():
-            _put(attrs, f"{prefix}.scores.{name}", float(values[k]))
-        if decision.estimates is not None:
-            for name in n.ROUTE_ESTIMATES:
-                _put(attrs, f"{prefix}.estimate.{name}", float(decision.estimates[name][k]))
+        attrs[_key(prefix, "endpoint")] = ep.id
+        attrs[_key(prefix, "pool")] = ep.pool
+        for name, values in columns:
+            value = values[k]
+            if math.isfinite(value):
+                attrs[_key(prefix, name)] = value
     cost = _estimated_cost(decision, best[0])
     if cost is not None:
         attrs[n.ROUTE_ESTIMATED_COST] = cost
     return attrs
 
 
-def _put(attrs: dict[str, Any], key: str, value: float) -> None:
-    if math.isfinite(value):
-        attrs[key] = value
+_CHOSEN_VENDOR = f"{n.ROUTE_CHOSEN}.vendor"
+_CHOSEN_ACCELERATOR = f"{n.ROUTE_CHOSEN}.accelerator"
+_CHOSEN_ENGINE = f"{n.ROUTE_CHOSEN}.engine"
+
+
+@functools.cache
+def _key(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}"
 
 
 def _estimated_cost(decision: Decision, k: int) -> float | None:
