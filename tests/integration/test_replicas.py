@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from conftest import PUBLIC_8B, SERVED_8B
 from procs import Proc, pool, spawn_emulator, spawn_gateway
 from store_redis import RedisServer, find_test_redis, unique_prefix
@@ -140,8 +141,10 @@ def test_in_flight_through_a_is_seen_by_b(engine: Proc, tmp_path: Path, redis_ur
             req = client.build_request("POST", a.url + "/v1/chat/completions", json={
                 "model": PUBLIC_8B, "messages": MESSAGES, "max_tokens": 3000, "stream": True})
             resp = client.send(req, stream=True)
-            next(resp.iter_lines())
-            streams.append(resp)
+            assert resp.status_code == 200, resp.read()
+            lines = resp.iter_lines()  # keep the iterator: dropping it closes the stream
+            next(lines)
+            streams.append((resp, lines))
         seen, deadline = 0.0, time.monotonic() + 10 * SYNC_S
         while seen < 3 and time.monotonic() < deadline:
             eps = httpx.get(b.url + "/admin/endpoints",
@@ -156,7 +159,7 @@ def test_in_flight_through_a_is_seen_by_b(engine: Proc, tmp_path: Path, redis_ur
                          headers={"authorization": f"Bearer {ADMIN}"}).json()["decisions"][0]
         assert last["candidates"][0]["estimates"]["active"] >= 3  # B routed knowing A's load
     finally:
-        for resp in streams:
+        for resp, _ in streams:
             resp.close()
         a.stop()
         b.stop()

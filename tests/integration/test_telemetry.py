@@ -218,15 +218,17 @@ def _check_trace(rid: str, server: Span, route: Span, clients: list[Span],
     sa = attributes(server.attributes)
     assert server.name.startswith("POST /v1/")
     assert sa["http.response.status_code"] == 200 and sa["gen_ai.request.model"] == PUBLIC_8B
-    assert sa["fleetgate.cost.usd"] > 0 and sa["fleetgate.policy"] == "round_robin"
+    assert sa["fleetgate.cost.usd"] > 0
     assert sa["fleetgate.tenant"] == "anonymous"
     assert route.trace_id == server.trace_id and route.kind == Span.SPAN_KIND_INTERNAL
     ra = attributes(route.attributes)
     assert ra["fleetgate.route.policy"] == "round_robin" and ra["fleetgate.route.candidates"] == 2
     assert ra["fleetgate.route.chosen.endpoint"] == attributes(clients[0].attributes)[
         "fleetgate.endpoint"]
-    assert {ra["fleetgate.route.chosen.vendor"], ra["fleetgate.route.runner_up.vendor"]} == \
-        {"amd", "nvidia"}
+    assert {ra["fleetgate.route.chosen.pool"], ra["fleetgate.route.runner_up.pool"]} == \
+        {"h100-vllm", "mi300x-sglang"}
+    assert ra["fleetgate.route.chosen.vendor"] == ("amd" if ra["fleetgate.route.chosen.pool"]
+                                                   == "mi300x-sglang" else "nvidia")
     assert "fleetgate.route.estimated_cost_usd" in ra
     ok = clients[-1]
     ca = attributes(ok.attributes)
@@ -235,7 +237,7 @@ def _check_trace(rid: str, server: Span, route: Span, clients: list[Span],
     assert ca["gen_ai.request.model"] == ca["gen_ai.response.model"] == SERVED_8B
     assert ca["gen_ai.usage.input_tokens"] > 0 and ca["gen_ai.usage.output_tokens"] > 0
     assert ca["server.address"] == "127.0.0.1" and ca["server.port"] > 0
-    assert ca["gen_ai.request.max_tokens"] == sa["gen_ai.usage.output_tokens"]
+    assert ca["gen_ai.request.max_tokens"] == ca["gen_ai.usage.output_tokens"]
     assert sum(attributes(c.attributes)["fleetgate.cost.usd"] for c in clients) == \
         pytest.approx(sa["fleetgate.cost.usd"])
     engine = "vllm" if ca["fleetgate.pool"] == "h100-vllm" else "sglang"
@@ -276,7 +278,6 @@ def _check_stream(server: Span, route: Span, clients: list[Span]) -> None:
     assert attributes(client.events[0].attributes)["fleetgate.ttft_s"] > 0
     assert attributes(server.attributes)["fleetgate.stream"] is True
     assert server.end_time_unix_nano >= client.end_time_unix_nano  # ends with the stream
-    assert "fleetgate.ttft_s" in attributes(server.attributes)
 
 
 # ---------------------------------------------------------------- metrics, costs, logs

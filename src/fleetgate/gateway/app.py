@@ -22,24 +22,32 @@ import logging
 import signal
 import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 import httpx
 from starlette.applications import Starlette
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fleetgate.backends.relay import AiohttpBackend, Backend, Timeouts
 from fleetgate.config import ConfigError, FleetConfig, default_config_path, load_config
-from fleetgate.gateway.api import admin, health, openai
-from fleetgate.gateway.chat import ChatService
+from fleetgate.gateway.api import admin, health, openai, registry
+from fleetgate.gateway.auth import KeyTable
+from fleetgate.gateway.chat import ChatService, Generation
 from fleetgate.gateway.decisions import DecisionLog
 from fleetgate.gateway.errors import GatewayError, envelope, error_response, json_error
+from fleetgate.gateway.limits import LimitEnforcer, LimitsObserver
+from fleetgate.gateway.observe import CompositeObserver
 from fleetgate.gateway.settings import Settings
 from fleetgate.gateway.state import AppState, build_generation
-from fleetgate.gateway.telemetry import Telemetry, build_telemetry
+from fleetgate.gateway.store import create_stores, new_replica_id
+from fleetgate.gateway.sync import PeerSync
+from fleetgate.gateway.telemetry import build_telemetry
 from fleetgate.gateway.telemetry import routes as telemetry_routes
 
 log = logging.getLogger("fleetgate")
@@ -50,45 +58,92 @@ def create_app(settings: Settings, overrides: dict[str, Any] | None = None) -> S
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        config: FleetConfig = overrides.get("config") or load_config(
-            settings.config_path or default_config_path())
-        backend: Backend = overrides.get("backend") or AiohttpBackend()
-        http = httpx.AsyncClient(limits=httpx.Limits(max_connections=256))
-        state: AppState | None = None
-        telemetry: Telemetry | None = None
-        try:
-            gen = await build_generation(config, settings, http, overrides.get("router"))
-            timeouts = Timeouts(settings.connect_timeout_s, settings.read_timeout_s,
-                                settings.total_timeout_s)
-            telemetry = build_telemetry(
-                settings, lambda: (state.generation if state else gen).fleet,
-                overrides.get("otel_env"))
-            app.state.telemetry = telemetry
-            chat = ChatService(lambda: state.generation if state else gen, backend, timeouts,
-                               DecisionLog(), observer=telemetry.observer)
-            state = AppState(settings, config, gen, chat, http, time.time(),
-                             frozenset(config.public_models()), asyncio.Lock())
-            app.state.fleetgate = state
-            _announce(config)
+        async with AsyncExitStack() as stack:
+            state = await _start(app, settings, overrides, stack)
+            _announce(state.config, state)
             _install_sighup(state)
             yield
-        finally:
-            if state is not None:
-                await state.generation.fleet.stop()
-            if telemetry is not None:
-                await telemetry.close()
-            await backend.close()
-            await http.aclose()
 
     return Starlette(
-        routes=[*openai.routes, *health.routes, *admin.routes, *telemetry_routes.routes],
+        routes=[*openai.routes, *health.routes, *admin.routes, *registry.routes,
+                *telemetry_routes.routes],
         lifespan=lifespan,
+        middleware=[Middleware(AdminGate)],
         exception_handlers={
             GatewayError: _gateway_error,
             HTTPException: _http_error,
             Exception: _unexpected_error,
         },
     )
+
+
+async def _start(app: Starlette, settings: Settings, overrides: dict[str, Any],
+                 stack: AsyncExitStack) -> AppState:
+    """Build every resource; ``stack`` closes them in reverse order on shutdown."""
+    config: FleetConfig = overrides.get("config") or load_config(
+        settings.config_path or default_config_path())
+    backend: Backend = overrides.get("backend") or AiohttpBackend()
+    stack.push_async_callback(backend.close)
+    http = httpx.AsyncClient(limits=httpx.Limits(max_connections=256))
+    stack.push_async_callback(http.aclose)
+    stores = create_stores(settings.redis_url, prefix=settings.redis_prefix)
+    stack.push_async_callback(stores.close)
+    gen = await build_generation(config, settings, http, overrides.get("router"))
+    ref: list[AppState] = []
+    stack.push_async_callback(lambda: (ref[0].generation if ref else gen).fleet.stop())
+
+    def current() -> Generation:
+        return ref[0].generation if ref else gen
+
+    telemetry = build_telemetry(settings, lambda: current().fleet, overrides.get("otel_env"))
+    stack.push_async_callback(telemetry.close)
+    app.state.telemetry = telemetry
+    limits = LimitEnforcer(stores.limits)
+    timeouts = Timeouts(settings.connect_timeout_s, settings.read_timeout_s,
+                        settings.total_timeout_s)
+    chat = ChatService(current, backend, timeouts, DecisionLog(),
+                       observer=CompositeObserver(telemetry.observer, LimitsObserver(limits)))
+    state = AppState(settings, config, gen, chat, http, time.time(),
+                     frozenset(config.public_models()), asyncio.Lock(), KeyTable(config.auth),
+                     limits, stores=stores)
+    ref.append(state)
+    app.state.fleetgate = state
+    sync = PeerSync(stores.shared, new_replica_id(), lambda: current().fleet,
+                    settings.sync_interval_s)
+    state.sync = sync
+    for job in (sync.run(), _expire_registrations(state)):
+        task = asyncio.create_task(job)
+        stack.callback(task.cancel)
+    return state
+
+
+async def _expire_registrations(state: AppState) -> None:
+    """Remove workers whose heartbeat lapsed (checked every second)."""
+    while True:
+        await asyncio.sleep(1.0)
+        try:
+            await state.deregister(now=time.monotonic())
+        except Exception:
+            log.exception("could not remove expired workers")
+
+
+class AdminGate:
+    """``/admin/*`` needs an admin key once the config has keys (pure ASGI: no overhead
+    for other paths)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/admin"):
+            state: AppState | None = getattr(scope["app"].state, "fleetgate", None)
+            if state is not None:
+                try:
+                    state.keys.authorize_admin(Headers(scope=scope))
+                except GatewayError as exc:
+                    await error_response(exc)(scope, receive, send)
+                    return
+        await self.app(scope, receive, send)
 
 
 def _install_sighup(state: AppState) -> None:
@@ -109,12 +164,15 @@ def _install_sighup(state: AppState) -> None:
         log.info("SIGHUP reload unavailable here; use POST /admin/reload")
 
 
-def _announce(config: FleetConfig) -> None:
+def _announce(config: FleetConfig, state: AppState) -> None:
     endpoints = sum(len(p.endpoints) for p in config.pools)
     log.info("fleet: %d pools, %d endpoints, models %s", len(config.pools), endpoints,
              ", ".join(config.public_models()))
-    if config.auth is None or not config.auth.keys:
-        log.warning("NO API KEYS CONFIGURED: this gateway is open to anyone who can reach it")
+    store = "redis" if state.settings.redis_url else "in-memory (one replica)"
+    log.info("state store: %s; replica %s", store, state.sync.replica_id if state.sync else "-")
+    if state.keys.open:
+        log.warning("NO API KEYS CONFIGURED: this gateway is open to anyone who can reach it, "
+                    "admin API included")
 
 
 def _request_id_header(request: Request) -> dict[str, str]:

@@ -11,6 +11,9 @@
 | FLEETGATE_READ_TIMEOUT_S | 120 | upstream first byte and idle gap between chunks |
 | FLEETGATE_TOTAL_TIMEOUT_S | 600 | whole upstream exchange |
 | FLEETGATE_LOG_LEVEL | info | python log level |
+| FLEETGATE_REDIS_URL | unset (in-memory) | shared state for several replicas: load, limits, spend |
+| FLEETGATE_REDIS_PREFIX | fleetgate: | key prefix (several fleets on one Redis) |
+| FLEETGATE_SYNC_INTERVAL_S | 0.5 | how often replicas exchange per-endpoint load |
 | FLEETGATE_REQUEST_LOG | stderr | one JSON line per request: stderr, stdout or off |
 
 Tracing is configured by the standard ``OTEL_*`` variables (``gateway/telemetry/tracing.py``).
@@ -41,6 +44,9 @@ class Settings(BaseModel):
     read_timeout_s: float = Field(default=120.0, gt=0)
     total_timeout_s: float = Field(default=600.0, gt=0)
     log_level: str = "info"
+    redis_url: str | None = None
+    redis_prefix: str = "fleetgate:"
+    sync_interval_s: float = Field(default=0.5, gt=0)
     request_log: Literal["stderr", "stdout", "off"] = "stderr"
 
     @classmethod

@@ -27,7 +27,8 @@ from fleetgate.gateway.fleet import Fleet
 from fleetgate.gateway.limits import LimitEnforcer
 from fleetgate.gateway.registry import Registration, RegistrationBody, endpoint_id, merge
 from fleetgate.gateway.settings import Settings
-from fleetgate.gateway.store import MemoryLimits
+from fleetgate.gateway.store import MemoryLimits, Stores
+from fleetgate.gateway.sync import PeerSync
 from fleetgate.routing import PolicyError, Router, build_router
 
 log = logging.getLogger("fleetgate")
@@ -46,6 +47,8 @@ class AppState:
     keys: KeyTable = field(default_factory=lambda: KeyTable(None))
     limits: LimitEnforcer = field(default_factory=lambda: LimitEnforcer(MemoryLimits()))
     registrations: dict[str, Registration] = field(default_factory=dict)  # by engine URL
+    stores: Stores | None = None
+    sync: PeerSync | None = None
 
     async def reload(self) -> FleetConfig:
         """Re-read the config file; raises ConfigError (nothing changed) when it is bad."""

@@ -85,8 +85,8 @@ class Snapshot:
     (measured EWMAs), ``tokens_per_s`` (measured output throughput), ``k_tpot``/``k_ttft``
     (learned corrections of the prior), ``health`` (HEALTH_CODES), ``block_until`` (breaker),
     ``last_contact``, ``error_rate``, ``peer_in_flight``/``peer_block_until`` (what the other
-    gateway replicas report: their in-flight requests and breakers). ``static`` (read-only, one row per STATIC_COLUMNS name):
-    the performance prior and the replica's price per second.
+    gateway replicas report: their in-flight requests and breakers). ``static`` (read-only,
+    one row per STATIC_COLUMNS name): the performance prior and the replica's price per second.
     """
 
     endpoints: tuple[EndpointInfo, ...]

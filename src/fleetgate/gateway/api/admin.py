@@ -82,8 +82,15 @@ def pool_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 async def endpoints(request: Request) -> Response:
-    rows = endpoint_rows(_state(request))
-    return json_ok({"endpoints": rows, "pools": pool_rows(rows)})
+    state = _state(request)
+    rows = endpoint_rows(state)
+    sync = state.sync
+    return json_ok({"endpoints": rows, "pools": pool_rows(rows),
+                    "store_degraded": bool(state.stores and state.stores.degraded)
+                    or bool(sync and sync.failures),
+                    "replica": sync.replica_id if sync else None,
+                    "peers": sync.peers_seen if sync else 0,
+                    "registered": sorted(state.registrations)})
 
 
 async def decisions(request: Request) -> Response:

@@ -6,10 +6,12 @@ semantic conventions where one exists (HTTP server, GenAI client: ``gen_ai.*``,
 ``server.*``, ``error.type``); fleetgate's own live under ``fleetgate.*``. Metric names carry
 the ``fleetgate_`` prefix (DESIGN.md §1).
 
-May touch: nothing (constants and two tiny name builders). Must not touch: anything else.
+May touch: nothing (constants and three tiny name builders). Must not touch: anything else.
 """
 
 from __future__ import annotations
+
+import functools
 
 # -- spans and events ---------------------------------------------------------------------
 SPAN_ROUTE = "route"
@@ -31,7 +33,6 @@ def client_span_name(operation: str, served_model: str) -> str:
 # -- semantic-convention attributes -------------------------------------------------------
 HTTP_METHOD = "http.request.method"
 HTTP_ROUTE = "http.route"
-URL_PATH = "url.path"
 HTTP_STATUS = "http.response.status_code"
 ERROR_TYPE = "error.type"
 SERVER_ADDRESS = "server.address"
@@ -51,7 +52,6 @@ OPERATION_BY_PATH = {"/v1/chat/completions": "chat", "/v1/completions": "text_co
 # -- fleetgate attributes -----------------------------------------------------------------
 REQUEST_ID = "fleetgate.request_id"
 TENANT = "fleetgate.tenant"
-POLICY = "fleetgate.policy"
 STREAM = "fleetgate.stream"
 POOL = "fleetgate.pool"
 ENDPOINT = "fleetgate.endpoint"
@@ -60,7 +60,7 @@ ATTEMPT = "fleetgate.attempt"  # 0 = first try, 1 = first retry, ...
 ATTEMPTS = "fleetgate.attempts"  # on the server span: how many upstream attempts
 COST_USD = "fleetgate.cost.usd"
 MEAN_CONCURRENCY = "fleetgate.cost.mean_concurrency"
-TTFT_S = "fleetgate.ttft_s"
+TTFT_S = "fleetgate.ttft_s"  # on the first_token event
 
 ROUTE_POLICY = "fleetgate.route.policy"
 ROUTE_REASON = "fleetgate.route.reason"
@@ -70,9 +70,18 @@ ROUTE_ORDER = "fleetgate.route.order"  # endpoint ids in retry order
 ROUTE_ESTIMATED_COST = "fleetgate.route.estimated_cost_usd"
 ROUTE_CHOSEN = "fleetgate.route.chosen"
 ROUTE_RUNNER_UP = "fleetgate.route.runner_up"
-# under ROUTE_CHOSEN / ROUTE_RUNNER_UP: .endpoint .pool .vendor .accelerator .engine .score
-# .scores.<scorer> and .estimate.<ttft_s|tpot_s|usd_per_mtok>
+ROUTE_CHOSEN_VENDOR = ROUTE_CHOSEN + ".vendor"
+ROUTE_CHOSEN_ACCELERATOR = ROUTE_CHOSEN + ".accelerator"
+ROUTE_CHOSEN_ENGINE = ROUTE_CHOSEN + ".engine"
+# under ROUTE_CHOSEN and ROUTE_RUNNER_UP (route_attr): endpoint, pool, score,
+# scores.<scorer> and estimate.<one of ROUTE_ESTIMATES>
 ROUTE_ESTIMATES = ("ttft_s", "tpot_s", "usd_per_mtok")
+
+
+@functools.cache
+def route_attr(who: str, name: str) -> str:
+    """``fleetgate.route.chosen.scores.cost`` = route_attr(ROUTE_CHOSEN, "scores.cost")."""
+    return f"{who}.{name}"
 
 # -- metrics ------------------------------------------------------------------------------
 M_REQUESTS = "fleetgate_requests"  # counter: model, pool, endpoint, status, policy

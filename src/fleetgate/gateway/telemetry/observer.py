@@ -111,7 +111,7 @@ class RequestTelemetry:
         self.hub.metrics.decisions(decision.policy, chosen.pool if chosen else n.NO_POOL,
                                    decision.reason).inc()
         if self.spans is not None:
-            self.spans.route(decision)
+            self.spans.route(decision, self.routing.max_tokens)
 
     def attempt(self, endpoint: Endpoint, served_model: str, number: int) -> AttemptObserver:
         if number and self.last is not None:
@@ -133,7 +133,7 @@ class RequestTelemetry:
         if self.hub.log.enabled:
             self.hub.log.write(self._record(status, pool, endpoint, e2e))
         if self.spans is not None and self.spans.sampled:
-            self._end_span(self.spans, status, pool, endpoint, error)
+            self._end_span(self.spans, status, error)
 
     def _record(self, status: int, pool: str, endpoint: str, e2e: float) -> dict[str, Any]:
         return {
@@ -152,17 +152,13 @@ class RequestTelemetry:
         tp = self.traceparent
         return tp[3:35] if tp and len(tp) >= 55 and tp[2] == "-" else None
 
-    def _end_span(self, spans: RequestSpans, status: int, pool: str, endpoint: str,
-                  error: str | None) -> None:
+    def _end_span(self, spans: RequestSpans, status: int, error: str | None) -> None:
+        """The request as the client saw it; where and how it ran is on the child spans."""
         attrs: dict[str, Any] = {
-            n.HTTP_METHOD: "POST", n.HTTP_ROUTE: self.path, n.URL_PATH: self.path,
-            n.REQUEST_ID: self.request_id, n.GENAI_REQUEST_MODEL: self.routing.model,
-            n.STREAM: self.routing.stream, n.TENANT: self.tenant, n.HTTP_STATUS: status,
-            n.POLICY: self.policy, n.POOL: pool, n.ENDPOINT: endpoint,
-            n.ATTEMPTS: self.attempts, n.COST_USD: self.cost_usd,
-            n.GENAI_INPUT_TOKENS: self.input_tokens, n.GENAI_OUTPUT_TOKENS: self.output_tokens}
-        if self.ttft_s is not None:
-            attrs[n.TTFT_S] = self.ttft_s
+            n.HTTP_METHOD: "POST", n.HTTP_ROUTE: self.path, n.HTTP_STATUS: status,
+            n.GENAI_REQUEST_MODEL: self.routing.model, n.REQUEST_ID: self.request_id,
+            n.TENANT: self.tenant, n.STREAM: self.routing.stream, n.ATTEMPTS: self.attempts,
+            n.COST_USD: self.cost_usd}
         if status >= 500:  # HTTP server convention: 4xx is the client's, not an error
             attrs[n.ERROR_TYPE] = str(status)
             spans.end(attrs, str(status), error)

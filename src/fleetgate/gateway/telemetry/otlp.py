@@ -37,7 +37,9 @@ log = logging.getLogger("fleetgate.otlp")
 _VARINTS = [bytes([i]) for i in range(128)]
 _DOUBLE = struct.Struct("<d")
 _FIXED64 = struct.Struct("<Q")
-_FIXED32 = struct.Struct("<I")
+_TIMES = struct.Struct("<BQBQ")  # start and end: two fixed64 fields with their tags
+_LOCAL = b"\x85\x01" + struct.pack("<I", 0x100)  # flags: HAS_IS_REMOTE
+_REMOTE_PARENT = b"\x85\x01" + struct.pack("<I", 0x300)  # HAS_IS_REMOTE | IS_REMOTE
 _CACHE_LIMIT = 8192
 
 
@@ -91,6 +93,7 @@ class SpanEncoder:
     def __init__(self) -> None:
         self._strings: dict[bytes, dict[tuple[str, Any], bytes]] = {}  # by field tag
         self._doubles: dict[bytes, dict[str, bytes]] = {}
+        self._heads: dict[tuple[str, Any], bytes] = {}
 
     def request(self, spans: Sequence[ReadableSpan]) -> bytes:
         resources: dict[int, Any] = {}
@@ -118,29 +121,31 @@ class SpanEncoder:
         ctx = span.get_span_context()
         assert ctx is not None
         parent = span.parent
+        head = self._heads.get((span.name, span.kind))
+        if head is None:  # name and kind fields, cached: spans are named per route/model
+            head = self._heads[(span.name, span.kind)] = (
+                _field(b"\x2a", span.name.encode()) + b"\x30" + _varint(span.kind.value + 1))
         parts = [b"\x0a\x10", ctx.trace_id.to_bytes(16, "big"),
                  b"\x12\x08", ctx.span_id.to_bytes(8, "big")]
         if ctx.trace_state:
             parts.append(_field(b"\x1a", ctx.trace_state.to_header().encode()))
         if parent is not None:
             parts += [b"\x22\x08", parent.span_id.to_bytes(8, "big")]
-        parts += [_field(b"\x2a", span.name.encode()), b"\x30", _varint(span.kind.value + 1),
-                  b"\x39", _FIXED64.pack(span.start_time or 0),
-                  b"\x41", _FIXED64.pack(span.end_time or 0),
+        parts += [head, _TIMES.pack(0x39, span.start_time or 0, 0x41, span.end_time or 0),
                   self._attributes(span.attributes, b"\x4a")]
         for event in span.events:
             ev = (b"\x09" + _FIXED64.pack(event.timestamp) + _field(b"\x12", event.name.encode())
                   + self._attributes(event.attributes, b"\x1a"))
             parts.append(_field(b"\x5a", ev))
         status = span.status
-        msg = b""
-        if status.description:
-            msg = _field(b"\x12", status.description.encode())
-        if status.status_code.value:
-            msg += b"\x18" + _varint(status.status_code.value)
-        parts.append(_field(b"\x7a", msg))
-        flags = 0x100 | (0x200 if parent is not None and parent.is_remote else 0)
-        parts.append(b"\x85\x01" + _FIXED32.pack(flags))
+        if status.description or status.status_code.value:
+            msg = _field(b"\x12", status.description.encode()) if status.description else b""
+            if status.status_code.value:
+                msg += b"\x18" + _varint(status.status_code.value)
+            parts.append(_field(b"\x7a", msg))
+        else:
+            parts.append(b"\x7a\x00")  # an empty status, as the SDK encoder writes it
+        parts.append(_REMOTE_PARENT if parent is not None and parent.is_remote else _LOCAL)
         return b"".join(parts)
 
     def _attributes(self, attrs: Mapping[str, Any] | None, tag: bytes) -> bytes:

@@ -16,7 +16,6 @@ May touch: routing decision values. Must not touch: opentelemetry, HTTP, metrics
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any
 
@@ -24,9 +23,10 @@ import numpy as np
 
 from fleetgate.gateway.telemetry import names as n
 from fleetgate.routing import Decision
+from fleetgate.routing.estimate import DEFAULT_MAX_TOKENS
 
 
-def decision_attributes(decision: Decision) -> dict[str, Any]:
+def decision_attributes(decision: Decision, max_tokens: int | None) -> dict[str, Any]:
     attrs: dict[str, Any] = {
         n.ROUTE_POLICY: decision.policy, n.ROUTE_REASON: decision.reason,
         n.ROUTE_REJECTED: len(decision.rejected),
@@ -40,9 +40,9 @@ def decision_attributes(decision: Decision) -> dict[str, Any]:
     attrs[n.ROUTE_ORDER] = [endpoints[idx[k]].id for k in head]
     best = head[:2] if len(head) >= 2 else decision.full_order()[:2]
     chosen = endpoints[idx[best[0]]]
-    attrs[_CHOSEN_VENDOR] = chosen.vendor
-    attrs[_CHOSEN_ACCELERATOR] = chosen.accelerator
-    attrs[_CHOSEN_ENGINE] = chosen.engine
+    attrs[n.ROUTE_CHOSEN_VENDOR] = chosen.vendor
+    attrs[n.ROUTE_CHOSEN_ACCELERATOR] = chosen.accelerator
+    attrs[n.ROUTE_CHOSEN_ENGINE] = chosen.engine
     columns = [("score", decision.total.tolist())] if decision.total is not None else []
     columns += [("scores." + name, v.tolist()) for name, v in decision.scores.items()]
     if decision.estimates is not None:
@@ -50,33 +50,30 @@ def decision_attributes(decision: Decision) -> dict[str, Any]:
                     for name in n.ROUTE_ESTIMATES]
     for prefix, k in zip((n.ROUTE_CHOSEN, n.ROUTE_RUNNER_UP), best, strict=False):
         ep = endpoints[idx[k]]
-        attrs[_key(prefix, "endpoint")] = ep.id
-        attrs[_key(prefix, "pool")] = ep.pool
+        attrs[n.route_attr(prefix, "endpoint")] = ep.id
+        attrs[n.route_attr(prefix, "pool")] = ep.pool
         for name, values in columns:
             value = values[k]
             if math.isfinite(value):
-                attrs[_key(prefix, name)] = value
-    cost = _estimated_cost(decision, best[0])
+                attrs[n.route_attr(prefix, name)] = value
+    cost = _estimated_cost(decision, best[0], columns, max_tokens)
     if cost is not None:
         attrs[n.ROUTE_ESTIMATED_COST] = cost
     return attrs
 
 
-_CHOSEN_VENDOR = f"{n.ROUTE_CHOSEN}.vendor"
-_CHOSEN_ACCELERATOR = f"{n.ROUTE_CHOSEN}.accelerator"
-_CHOSEN_ENGINE = f"{n.ROUTE_CHOSEN}.engine"
+def _estimated_cost(decision: Decision, k: int, columns: list[tuple[str, list[float]]],
+                    max_tokens: int | None) -> float | None:
+    """Replica $/s x predicted e2e / (requests already active + this one).
 
-
-@functools.cache
-def _key(prefix: str, name: str) -> str:
-    return f"{prefix}.{name}"
-
-
-def _estimated_cost(decision: Decision, k: int) -> float | None:
-    """Replica $/s x predicted e2e / (requests already active + this one)."""
+    e2e = TTFT + TPOT x (tokens - 1), as ``routing/estimate.py`` predicts it, from the
+    estimates already read for the span.
+    """
     if decision.estimates is None:
         return None
-    e2e = float(decision.estimates["e2e_s"][k])
+    found = dict(columns)
+    ttft, tpot = found["estimate.ttft_s"][k], found["estimate.tpot_s"][k]
+    e2e = ttft + tpot * ((max_tokens or DEFAULT_MAX_TOKENS) - 1)
     active = float(decision.estimates["active"][k])
     if not (math.isfinite(e2e) and math.isfinite(active)):
         return None

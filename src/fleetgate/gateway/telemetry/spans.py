@@ -48,11 +48,11 @@ class RequestSpans:
         self.trace: Trace = tracing.begin(self.name, traceparent)
         self.sampled = self.trace.sampled
 
-    def route(self, decision: Decision) -> None:
+    def route(self, decision: Decision, max_tokens: int | None) -> None:
         if self.sampled:
             t = self.trace
             self.tracing.emit(n.SPAN_ROUTE, SpanKind.INTERNAL, t.child(self.tracing.span_id()),
-                              t.server, decision_attributes(decision), t.start_ns,
+                              t.server, decision_attributes(decision, max_tokens), t.start_ns,
                               time.time_ns())
 
     def attempt(self, endpoint: Endpoint, served: str, number: int, path: str,
