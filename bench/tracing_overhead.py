@@ -288,7 +288,7 @@ def machine() -> str:
             f"Python {platform.python_version()}")
 
 
-def main() -> None:
+def _args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--receiver", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--duration", type=float, default=5.0, help="measured seconds")
@@ -302,7 +302,11 @@ def main() -> None:
                         help="pin the gateway to CPU 0 and the rest to CPU 1 (on a shared "
                              "machine only with --nice -10: pinned processes starve otherwise)")
     parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = _args()
     if args.receiver:
         receiver_main()
         return

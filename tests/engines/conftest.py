@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from engines_harness import EMU_POOL, MAX_MODEL_LEN, PUBLIC, SERVED, RealEngine, start_real_vllm
+
 from procs import Proc, pool, spawn_emulator, spawn_gateway
 
 HERE = Path(__file__).parent
@@ -69,7 +69,7 @@ def real(fleet: Proc, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Real
 @pytest.fixture(scope="session")
 def emulated() -> Iterator[Proc]:
     """The emulator's vLLM flavour serving the same name and context length as ``real``."""
-    proc = spawn_emulator("vllm", "h100", [SERVED], speed=50.0,
+    proc = spawn_emulator("vllm", "h100", [SERVED], speed=1.0,
                           extra=["--max-model-len", str(MAX_MODEL_LEN)])
     yield proc
     proc.stop()

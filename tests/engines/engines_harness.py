@@ -15,6 +15,7 @@ whole process group is killed at the end whatever happened.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -82,16 +83,14 @@ class RealEngine:
                 self.popen.kill()
                 self.popen.wait(timeout=10)
         if self.engine_pid:
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.engine_pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
 
 
 def start_real_vllm(gateway_url: str, model_dir: Path, python: str, log: Path) -> RealEngine:
     port = free_port()
-    cmd = worker_command() + [
-        "--engine", "vllm", "--model", str(model_dir), "--pool", REAL_POOL,
+    cmd = [
+        *worker_command(), "--engine", "vllm", "--model", str(model_dir), "--pool", REAL_POOL,
         "--gateway", gateway_url, "--host", "127.0.0.1", "--port", str(port),
         "--python", python, "--served-model-name", SERVED,
         "--public-name", PUBLIC, "--public-name", PUBLIC_REAL, "--price-per-gpu-hour", "0.05",

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import httpx
+
 from conftest import PUBLIC_8B, SERVED_8B
 from procs import pool, spawn_emulator, spawn_gateway
 

@@ -163,3 +163,32 @@ def test_unsampled_request_writes_no_span_but_tells_the_engine() -> None:
     req.end(200)
     assert memory.get_finished_spans() == ()
     assert trace in lines[0].decode()  # the log line still carries the trace id
+
+
+@pytest.mark.parametrize(("value", "arg", "description"), [
+    (None, None, "ParentBased{root:AlwaysOnSampler"),
+    ("always_off", None, "AlwaysOffSampler"),
+    ("traceidratio", "0.25", "TraceIdRatioBased{0.25}"),
+    ("parentbased_traceidratio", "0.5", "ParentBased{root:TraceIdRatioBased{0.5}"),
+])
+def test_sampler_from_env(value: str | None, arg: str | None, description: str) -> None:
+    from fleetgate.gateway.telemetry.tracing import sampler_from_env
+
+    env = {k: v for k, v in (("OTEL_TRACES_SAMPLER", value), ("OTEL_TRACES_SAMPLER_ARG", arg))
+           if v is not None}
+    assert sampler_from_env(env).get_description().startswith(description)
+
+
+def test_resource_and_batching_come_from_the_given_env() -> None:
+    from fleetgate.gateway.telemetry.tracing import start_tracing
+
+    tracing = start_tracing({"OTEL_TRACES_EXPORTER": "console", "OTEL_SERVICE_NAME": "gw-eu",
+                             "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=prod,a=b%20c",
+                             "OTEL_BSP_SCHEDULE_DELAY": "50"})
+    assert tracing is not None
+    attrs = tracing.resource.attributes
+    assert (attrs["service.name"], attrs["deployment.environment"], attrs["a"]) == \
+        ("gw-eu", "prod", "b c")
+    tracing.shutdown()
+    with pytest.raises(ValueError, match="OTEL_TRACES_SAMPLER"):
+        start_tracing({"OTEL_TRACES_EXPORTER": "console", "OTEL_TRACES_SAMPLER": "jaeger"})

@@ -108,10 +108,10 @@ class ChatService:
             raise NoCapacity(f"no endpoint can serve model {req.routing.model!r} now "
                              f"({decision.reason})")
         last: RetryableFailure | None = None
-        attempts = decision.ranked_endpoints(gen.max_attempts.get(decision.policy, 3))
-        for number, info in enumerate(attempts):
+        attempts = decision.attempts(gen.max_attempts.get(decision.policy, 3))
+        for number, (position, info) in enumerate(attempts):
             try:
-                response = await self._attempt(req, gen, info, entry, obs, number)
+                response = await self._attempt(req, gen, info, position, entry, obs, number)
                 entry.attempts.append({"endpoint": info.id, "status": response.status_code})
                 return response
             except RetryableFailure as exc:
@@ -126,7 +126,8 @@ class ChatService:
         raise err(f"all {len(attempts)} attempts failed; last: {last.message}")
 
     async def _attempt(self, req: PreparedRequest, gen: Generation, info: EndpointInfo,
-                       entry: DecisionEntry, obs: RequestObserver, number: int) -> Response:
+                       position: int, entry: DecisionEntry, obs: RequestObserver,
+                       number: int) -> Response:
         fleet = gen.fleet
         i = fleet.index(info.id)
         ep = fleet.endpoints[i]
@@ -140,8 +141,8 @@ class ChatService:
         now = fleet.clock()
         fleet.live.on_dispatch(i, now)
         attempt = Attempt(fleet.live, i, fleet.clock, now,
-                          entry.decision.estimate("ttft_s", info.id),
-                          entry.decision.estimate("tpot_s", info.id), attempt_obs,
+                          entry.decision.estimate("ttft_s", position),
+                          entry.decision.estimate("tpot_s", position), attempt_obs,
                           fleet.live.value(i, "in_flight"))
         try:
             try:

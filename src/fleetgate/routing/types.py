@@ -146,6 +146,10 @@ class Decision:
     def ranked_endpoints(self, limit: int) -> list[EndpointInfo]:
         return [self.endpoints[self.idx[k]] for k in self.order[:limit]]
 
+    def attempts(self, limit: int) -> list[tuple[int, EndpointInfo]]:
+        """The first ``limit`` candidates to try: (candidate position, endpoint)."""
+        return [(int(k), self.endpoints[self.idx[k]]) for k in self.order[:limit]]
+
     @property
     def chosen(self) -> EndpointInfo | None:
         return self.endpoints[self.idx[self.order[0]]] if len(self.order) else None
@@ -155,17 +159,12 @@ class Decision:
         return Candidate(self.endpoints[self.idx[k]], total,
                          {name: float(v[k]) for name, v in self.scores.items()})
 
-    def estimate(self, name: str, endpoint_id: str | None = None) -> float | None:
-        """An estimate for the chosen endpoint (or the named candidate); None if unknown."""
+    def estimate(self, name: str, position: int | None = None) -> float | None:
+        """An estimate for the chosen candidate (or the one at ``position``); None if unknown."""
         if self.estimates is None or not len(self.order):
             return None
         arr = self.estimates[name]
-        k = int(self.order[0])
-        if endpoint_id is not None:
-            found = [j for j, i in enumerate(self.idx) if self.endpoints[i].id == endpoint_id]
-            if not found:
-                return None
-            k = found[0]
+        k = int(self.order[0]) if position is None else position
         value = float(arr[k])
         return None if math.isnan(value) or math.isinf(value) else value
 

@@ -10,7 +10,8 @@ id, no string) unless an exporter is asked for:
   exporter) or ``grpc`` (the SDK's gRPC exporter).
 * ``OTEL_SDK_DISABLED=true`` turns it off; ``OTEL_SERVICE_NAME`` / ``OTEL_RESOURCE_ATTRIBUTES``
   (service name defaults to ``fleetgate``), ``OTEL_TRACES_SAMPLER(_ARG)`` and ``OTEL_BSP_*``
-  are read by the SDK itself.
+  as the spec says. Every value is read from the ``env`` mapping the app passes
+  (``os.environ`` in production), so tests configure a gateway without touching theirs.
 
 Nothing global: the ``TracerProvider`` (resource, sampler, id generator, span processors)
 is built here, owned by the app's lifespan and shut down with it (``shutdown_on_exit=False``;
@@ -32,6 +33,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
@@ -40,6 +42,13 @@ from opentelemetry.sdk.trace.export import (
     BatchSpanProcessor,
     ConsoleSpanExporter,
     SpanExporter,
+)
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
+    ALWAYS_ON,
+    ParentBased,
+    Sampler,
+    TraceIdRatioBased,
 )
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import (
@@ -103,18 +112,47 @@ def _otlp_exporter(env: Mapping[str, str]) -> SpanExporter:
 
 
 def start_tracing(env: Mapping[str, str]) -> Tracing | None:
+    """The provider ``env`` asks for, or None; every ``OTEL_*`` value is read from ``env``."""
     exporters = exporters_from_env(env)
     if not exporters:
         return None
-    attrs: Attributes = {"service.version": __version__}
-    if not env.get("OTEL_SERVICE_NAME") and \
-            "service.name=" not in env.get("OTEL_RESOURCE_ATTRIBUTES", ""):
-        attrs["service.name"] = n.SERVICE_NAME
-    provider = TracerProvider(resource=Resource.create(attrs), shutdown_on_exit=False)
-    processors = [BatchSpanProcessor(exporter) for exporter in exporters]
+    attrs: Attributes = {"service.name": n.SERVICE_NAME, "service.version": __version__}
+    for item in env.get("OTEL_RESOURCE_ATTRIBUTES", "").split(","):
+        key, sep, value = item.partition("=")
+        if sep and key.strip():
+            attrs[unquote(key.strip())] = unquote(value.strip())
+    if env.get("OTEL_SERVICE_NAME"):
+        attrs["service.name"] = env["OTEL_SERVICE_NAME"]
+    provider = TracerProvider(sampler=sampler_from_env(env), resource=Resource.create(attrs),
+                              shutdown_on_exit=False)
+    bsp: dict[str, Any] = {name: int(env[var]) for name, var in _BSP.items()
+                           if env.get(var, "").isdigit()}
+    processors = [BatchSpanProcessor(exporter, **bsp) for exporter in exporters]
     for processor in processors:
         provider.add_span_processor(processor)
     return Tracing(provider, processors)
+
+
+_BSP = {"max_queue_size": "OTEL_BSP_MAX_QUEUE_SIZE",
+        "schedule_delay_millis": "OTEL_BSP_SCHEDULE_DELAY",
+        "max_export_batch_size": "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+        "export_timeout_millis": "OTEL_BSP_EXPORT_TIMEOUT"}
+
+
+def sampler_from_env(env: Mapping[str, str]) -> Sampler:
+    """``OTEL_TRACES_SAMPLER`` / ``_ARG`` as the spec names them (default parentbased_always_on)."""
+    name = env.get("OTEL_TRACES_SAMPLER", "parentbased_always_on").strip().lower()
+    try:
+        ratio = float(env.get("OTEL_TRACES_SAMPLER_ARG") or 1.0)
+    except ValueError:
+        raise ValueError("OTEL_TRACES_SAMPLER_ARG must be a number from 0 to 1") from None
+    roots: dict[str, Sampler] = {"always_on": ALWAYS_ON, "always_off": ALWAYS_OFF,
+                                 "traceidratio": TraceIdRatioBased(min(max(ratio, 0.0), 1.0))}
+    base = name.removeprefix("parentbased_")
+    if base not in roots:
+        raise ValueError(f"OTEL_TRACES_SAMPLER: {name!r} is not supported (always_on, "
+                         "always_off, traceidratio, each optionally parentbased_)")
+    return ParentBased(roots[base]) if name.startswith("parentbased_") else roots[base]
 
 
 @dataclass(slots=True)
