@@ -11,10 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from procs import Proc, pool, spawn_emulator, spawn_gateway
-
-SERVED_8B = "meta-llama/Llama-3.1-8B-Instruct"
-PUBLIC_8B = "llama-3.1-8b"
+from procs import PUBLIC_8B, SERVED_8B, Proc, pool, spawn_emulator, spawn_gateway
 
 
 @pytest.fixture(scope="session")

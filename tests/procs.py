@@ -19,6 +19,8 @@ import httpx
 import yaml
 
 READY_PREFIX = "FLEETGATE_EMULATOR_READY "
+SERVED_8B = "meta-llama/Llama-3.1-8B-Instruct"
+PUBLIC_8B = "llama-3.1-8b"
 
 
 @dataclass

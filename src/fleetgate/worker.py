@@ -419,8 +419,13 @@ class Worker:
                 proc.wait(timeout=self.spec.stop_timeout_s)
             except subprocess.TimeoutExpired:
                 say(f"engine still running after {self.spec.stop_timeout_s:.0f}s: SIGKILL")
-        _killpg(proc.pid, signal.SIGKILL)  # stragglers of the group (EngineCore, workers)
+        if _group_alive(proc.pid):  # stragglers of the group (EngineCore, workers)
+            say(f"engine processes outlived pid {proc.pid}: SIGKILL to its process group")
+            _killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while _group_alive(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
         say(f"engine stopped (exit code {proc.returncode})")
 
 
@@ -428,6 +433,16 @@ def exit_status(engine_code: int) -> int:
     """The worker's exit code for an engine that ended by itself: its code, 128+N for a
     signal N (the shell's convention), and 1 for a 0 nobody asked for."""
     return 128 - engine_code if engine_code < 0 else (engine_code or 1)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _killpg(pgid: int, sig: signal.Signals, leader_only: bool = False) -> None:

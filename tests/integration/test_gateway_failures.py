@@ -13,8 +13,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import PUBLIC_8B, SERVED_8B
-from procs import Proc, pool, spawn_emulator, spawn_gateway
+from procs import PUBLIC_8B, SERVED_8B, Proc, pool, spawn_emulator, spawn_gateway
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 MODELS = {PUBLIC_8B: SERVED_8B}

@@ -10,8 +10,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import PUBLIC_8B, SERVED_8B
-from procs import Proc
+from procs import PUBLIC_8B, SERVED_8B, Proc
 
 POOLS = {"h100-vllm", "mi300x-sglang"}
 MESSAGES = [{"role": "user", "content": "Say something about GPUs."}]

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import httpx
 
-from conftest import PUBLIC_8B, SERVED_8B
-from procs import pool, spawn_emulator, spawn_gateway
+from procs import PUBLIC_8B, SERVED_8B, pool, spawn_emulator, spawn_gateway
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 

@@ -13,8 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import PUBLIC_8B, SERVED_8B
-from procs import Proc, pool, spawn_emulator, spawn_gateway
+from procs import PUBLIC_8B, SERVED_8B, Proc, pool, spawn_emulator, spawn_gateway
 from store_redis import RedisServer, find_test_redis, unique_prefix
 
 KEY_A = "sk-team-a-0123456789abcdef"

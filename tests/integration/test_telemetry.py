@@ -34,10 +34,10 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import PUBLIC_8B, SERVED_8B
 from inproc import inproc_gateway, tick
 from procs import Proc, pool, spawn_emulator, spawn_gateway
 
+PUBLIC_8B, SERVED_8B = "llama-3.1-8b", "meta-llama/Llama-3.1-8B-Instruct"
 MESSAGES = [{"role": "user", "content": "hello"}]
 MODELS = {PUBLIC_8B: SERVED_8B}
 CALLER_TRACE, CALLER_SPAN = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"

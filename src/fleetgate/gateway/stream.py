@@ -77,8 +77,10 @@ async def open_stream(resp: UpstreamResponse, wants_usage: bool,
     attempt.first_token()
     relay = StreamRelay(wants_usage, rewrite)
     body = relay.run(first, framer, chunks, resp, attempt, obs, ep_id)
-    return SSEResponse(body, headers={**headers, **SSE_HEADERS},
-                       media_type="text/event-stream; charset=utf-8")
+    response = SSEResponse(body, headers={**headers, **SSE_HEADERS},
+                           media_type="text/event-stream; charset=utf-8")
+    response.on_close = relay.abandon_unstarted(resp, attempt, obs)
+    return response
 
 
 class SSEResponse(StreamingResponse):
@@ -89,6 +91,8 @@ class SSEResponse(StreamingResponse):
     Same behaviour: when the client disconnects, the body iterator is cancelled at its
     current await (the relay closes the upstream connection) and the response just ends.
     """
+
+    on_close: Callable[[], None] | None = None  # cleans up a body that never started
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         streaming = asyncio.current_task()
@@ -117,6 +121,8 @@ class SSEResponse(StreamingResponse):
         finally:
             state["open"] = False
             watcher.cancel()
+            if self.on_close is not None:
+                self.on_close()
 
 
 class StreamRelay:
@@ -127,6 +133,19 @@ class StreamRelay:
         self.rewrite = rewrite
         self.usage: dict[str, Any] | None = None
         self.done = False
+        self.started = False
+
+    def abandon_unstarted(self, resp: UpstreamResponse, attempt: Attempt,
+                          obs: RequestObserver) -> Callable[[], None]:
+        """Cleanup for a client that left before the body began (``run`` never ran)."""
+
+        def close() -> None:
+            if not self.started:
+                resp.close()
+                attempt.cancelled()
+                obs.end(499, "client disconnected")
+
+        return close
 
     def transform(self, frames: list[bytes]) -> bytes:
         out = []
@@ -149,6 +168,7 @@ class StreamRelay:
                   resp: UpstreamResponse, attempt: Attempt, obs: RequestObserver,
                   ep_id: str) -> AsyncIterator[bytes]:
         status, error = 499, "client disconnected"
+        self.started = True
         try:
             yield self.transform(first)
             async for chunk in chunks:
