@@ -21,19 +21,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from fleetgate.config.schema import AuthConfig, KeyLimits
-from fleetgate.gateway.errors import GatewayError
+from fleetgate.gateway.errors import Forbidden, Unauthorized
 
 ANONYMOUS = "anonymous"
-
-
-class Unauthorized(GatewayError):
-    status = 401
-    code = "invalid_api_key"
-
-
-class Forbidden(GatewayError):
-    status = 403
-    code = "forbidden"
 
 
 @dataclass(frozen=True, slots=True)

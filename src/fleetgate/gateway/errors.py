@@ -48,6 +48,21 @@ class BadRequest(GatewayError):
     code = "invalid_request"
 
 
+class Unauthorized(GatewayError):
+    status = 401
+    code = "invalid_api_key"
+
+
+class Forbidden(GatewayError):
+    status = 403
+    code = "forbidden"
+
+
+class RateLimited(GatewayError):
+    status = 429
+    code = "rate_limit_exceeded"
+
+
 class NotFound(GatewayError):
     status = 404
     code = "model_not_found"

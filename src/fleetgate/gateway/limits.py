@@ -30,7 +30,7 @@ from typing import Any
 
 from fleetgate.backends.endpoints import Endpoint
 from fleetgate.gateway.auth import Principal
-from fleetgate.gateway.errors import GatewayError
+from fleetgate.gateway.errors import RateLimited
 from fleetgate.gateway.observe import (
     NOOP_ATTEMPT,
     AttemptObserver,
@@ -44,11 +44,6 @@ log = logging.getLogger("fleetgate.limits")
 
 MINUTE = 60.0
 HOLD_TTL_S = 900.0
-
-
-class RateLimited(GatewayError):
-    status = 429
-    code = "rate_limit_exceeded"
 
 
 def attempt_cost_usd(endpoint: Endpoint, result: AttemptResult) -> float:
