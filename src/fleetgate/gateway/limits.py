@@ -29,10 +29,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetgate.backends.endpoints import Endpoint
+from fleetgate.config.schema import KeyLimits
 from fleetgate.gateway.auth import Principal
 from fleetgate.gateway.errors import RateLimited
 from fleetgate.gateway.observe import (
     NOOP_ATTEMPT,
+    NOOP_REQUEST,
     AttemptObserver,
     AttemptResult,
     RequestObserver,
@@ -44,6 +46,7 @@ log = logging.getLogger("fleetgate.limits")
 
 MINUTE = 60.0
 HOLD_TTL_S = 900.0
+NO_LIMITS = KeyLimits()
 
 
 def attempt_cost_usd(endpoint: Endpoint, result: AttemptResult) -> float:
@@ -78,8 +81,11 @@ class LimitEnforcer:
         if not task.cancelled() and task.exception() is not None:
             log.warning("limit bookkeeping failed: %s", task.exception())
 
-    async def admit(self, principal: Principal, request_id: str) -> Admission:
+    async def admit(self, principal: Principal, request_id: str) -> Admission | None:
+        """Check every limit of the caller; None when it has none (nothing to settle)."""
         lim, key, now = principal.limits, principal.name, self.clock()
+        if lim == NO_LIMITS:
+            return None
         if lim.rpm is not None:
             verdict = await self.store.take(f"rpm:{key}", 1, lim.rpm, MINUTE, now)
             if not verdict.allowed:
@@ -114,7 +120,8 @@ class LimitEnforcer:
         p, now = admission.principal, self.clock()
         if p.limits.tpm is not None and tokens:
             await self.store.record(f"tpm:{p.name}", tokens, MINUTE, now)
-        if usd > 0:
+        budgeted = p.limits.usd_per_day is not None or p.limits.usd_per_month is not None
+        if usd > 0 and budgeted:
             for period, ttl in ((_day(now), 2 * 86400.0), (_month(now), 62 * 86400.0)):
                 await self.store.add_spend(f"usd:{p.tenant}", usd, period, ttl)
 
@@ -152,6 +159,8 @@ class LimitsObserver:
     def request(self, request_id: str, path: str, routing: RoutingRequest,
                 traceparent: str | None, body: dict[str, Any]) -> RequestObserver:
         admission = self._enforcer.pending.get(request_id)
+        if admission is None:  # a caller without limits: nothing to settle
+            return NOOP_REQUEST
         return _Settle(self._enforcer, request_id, admission)
 
 
@@ -170,7 +179,8 @@ class _Settle:
         return _SettleAttempt(self, endpoint)
 
     def end(self, status: int, error: str | None = None) -> None:
-        self.enforcer.spawn(self.enforcer.release(self.request_id))
+        if self.admission is not None:
+            self.enforcer.spawn(self.enforcer.release(self.request_id))
 
 
 @dataclass(slots=True)
