@@ -1,4 +1,4 @@
-"""The ``fleetgate`` command line (one typer app): serve, check, emulate.
+"""The ``fleetgate`` command line (one typer app): serve, check, emulate, worker.
 
 Thin: each command parses its options and calls into the package. ``serve`` runs the gateway
 under uvicorn (uvloop + httptools); ``check`` validates a config and prints the resolved
@@ -85,6 +85,44 @@ def emulate(
         "stack": stack, "tp": tp, "max_model_len": max_model_len,
         "max_queued_requests": max_queued_requests})
     run_emulator(cfg, host, port)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def worker(
+    ctx: typer.Context,
+    engine: Annotated[str, typer.Option(help="vllm | sglang")],
+    model: Annotated[str, typer.Option(help="model path or name the engine serves")],
+    pool: Annotated[str, typer.Option(help="pool to join at the gateway")],
+    gateway: Annotated[Optional[str], typer.Option(help="gateway URL to register with")] = None,  # noqa: UP045
+    port: Annotated[Optional[int], typer.Option(help="engine port (0: a free one)")] = None,  # noqa: UP045
+    host: str = "0.0.0.0",
+    advertise_url: Annotated[Optional[str], typer.Option(help="URL the gateway should use")] = None,  # noqa: UP045
+    python: Annotated[Optional[str], typer.Option(help="python of the engine's venv")] = None,  # noqa: UP045
+    served_model_name: Optional[str] = None,  # noqa: UP045
+    public_name: Annotated[Optional[list[str]], typer.Option(help="public model name (repeatable)")] = None,  # noqa: E501, UP045
+    accelerator: Annotated[Optional[str], typer.Option(help="override the detected GPU")] = None,  # noqa: UP045
+    price_per_gpu_hour: Optional[float] = None,  # noqa: UP045
+    tp: Annotated[int, typer.Option(help="tensor-parallel degree")] = 1,
+    gateway_key: Annotated[Optional[str], typer.Option(envvar="FLEETGATE_ADMIN_KEY", help="admin key for the gateway")] = None,  # noqa: E501, UP045
+    ttl: Annotated[float, typer.Option(help="heartbeat TTL in seconds")] = 15.0,
+    start_timeout: float = 1800.0,
+    dry_run: Annotated[bool, typer.Option(help="print the engine command and exit")] = False,
+) -> None:
+    """Launch a real engine with this machine's ROCm/CUDA/CPU settings and register it.
+
+    Engine arguments go after ``--``, e.g. ``-- --dtype float32 --max-model-len 256``.
+    """
+    from fleetgate.worker import run_worker
+
+    options: dict[str, object] = {
+        "host": host, "advertise_url": advertise_url, "served_model_name": served_model_name,
+        "public_names": public_name or [], "accelerator": accelerator,
+        "price_per_gpu_hour": price_per_gpu_hour, "tensor_parallel": tp,
+        "gateway_key": gateway_key, "ttl_s": ttl, "start_timeout_s": start_timeout}
+    if python:
+        options["python"] = python
+    raise typer.Exit(run_worker(engine, model, pool, gateway, port, list(ctx.args),
+                                dry_run=dry_run, **options))  # type: ignore[arg-type]
 
 
 def render_fleet(config: FleetConfig) -> str:
