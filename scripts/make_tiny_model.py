@@ -5,7 +5,7 @@
 What it makes (a few MB, served by vLLM on 2 CPU cores in well under a second per request):
 
 - ``config.json`` + ``model.safetensors``: ``LlamaForCausalLM``, 2 layers, hidden 256, 4 attention
-  heads of 64 (2 KV heads, so GQA is exercised), 512 positions, float32, random weights from
+  heads of 64 (2 KV heads, so GQA is exercised), 2048 positions, float32, random weights from
   ``--seed`` (deterministic: the same seed and Python give the same bytes).
 - a byte-level BPE tokenizer trained here, with the ``tokenizers`` library, on text that is
   on every machine: the docstrings of a fixed list of Python standard-library modules. No
@@ -34,6 +34,7 @@ from pathlib import Path
 
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>", "<pad>"]
 EOS = "<|im_end|>"
+POSITIONS = 2048
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' }}"
@@ -85,7 +86,7 @@ def train_tokenizer(vocab_size: int):  # -> transformers tokenizer
     tok.train_from_iterator(corpus_lines(), trainer=trainer)
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<s>", eos_token=EOS, unk_token="<unk>",
-        pad_token="<pad>", chat_template=CHAT_TEMPLATE, model_max_length=512)
+        pad_token="<pad>", chat_template=CHAT_TEMPLATE, model_max_length=POSITIONS)
 
 
 def build_model(tokenizer, seed: int):  # -> LlamaForCausalLM
@@ -97,7 +98,7 @@ def build_model(tokenizer, seed: int):  # -> LlamaForCausalLM
     config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=256, intermediate_size=512,
         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-        max_position_embeddings=512, rms_norm_eps=1e-5, rope_theta=10000.0,
+        max_position_embeddings=POSITIONS, rms_norm_eps=1e-5, rope_theta=10000.0,
         tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id, eos_token_id=eos_id,
         pad_token_id=tokenizer.pad_token_id, torch_dtype="float32")
     model = LlamaForCausalLM(config).to(torch.float32).eval()
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                   "temperature": 0.0}
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
     facts = {"eos_token_id": eos_id, "eos_token": EOS, "vocab_size": len(tokenizer),
-             "muted_tokens": len(muted_token_ids(tokenizer)), "max_position_embeddings": 512,
+             "muted_tokens": len(muted_token_ids(tokenizer)), "max_position_embeddings": POSITIONS,
              "seed": args.seed, "parameters": sum(p.numel() for p in model.parameters())}
     (out / "tiny_model.json").write_text(json.dumps(facts, indent=2) + "\n")
     size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())

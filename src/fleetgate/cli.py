@@ -106,6 +106,8 @@ def worker(
     gateway_key: Annotated[Optional[str], typer.Option(envvar="FLEETGATE_ADMIN_KEY", help="admin key for the gateway")] = None,  # noqa: E501, UP045
     ttl: Annotated[float, typer.Option(help="heartbeat TTL in seconds")] = 15.0,
     start_timeout: float = 1800.0,
+    stop_timeout: Annotated[float, typer.Option(help="seconds to wait for the engine to stop")] = 30.0,  # noqa: E501
+    env: Annotated[Optional[list[str]], typer.Option(help="extra engine env K=V (repeatable)")] = None,  # noqa: E501, UP045
     dry_run: Annotated[bool, typer.Option(help="print the engine command and exit")] = False,
 ) -> None:
     """Launch a real engine with this machine's ROCm/CUDA/CPU settings and register it.
@@ -118,7 +120,9 @@ def worker(
         "host": host, "advertise_url": advertise_url, "served_model_name": served_model_name,
         "public_names": public_name or [], "accelerator": accelerator,
         "price_per_gpu_hour": price_per_gpu_hour, "tensor_parallel": tp,
-        "gateway_key": gateway_key, "ttl_s": ttl, "start_timeout_s": start_timeout}
+        "gateway_key": gateway_key, "ttl_s": ttl, "start_timeout_s": start_timeout,
+        "stop_timeout_s": stop_timeout,
+        "env_overrides": dict(item.split("=", 1) for item in env or [] if "=" in item)}
     if python:
         options["python"] = python
     raise typer.Exit(run_worker(engine, model, pool, gateway, port, list(ctx.args),

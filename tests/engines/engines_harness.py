@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -36,7 +37,7 @@ PUBLIC = "tiny"  # public name on both the real and the emulated pool
 PUBLIC_REAL = "tiny-real"  # public name on the real vLLM only
 REAL_POOL = "cpu-vllm"
 EMU_POOL = "h100-emu"
-MAX_MODEL_LEN = 256
+MAX_MODEL_LEN = 1024  # long enough that a stream outlasts a test's look at it
 START_TIMEOUT_S = 300.0
 TTL_S = 3.0
 ENGINE_ARGS = ["--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager"]
@@ -64,8 +65,10 @@ class RealEngine:
         return dict(json.loads((self.model_dir / "tiny_model.json").read_text()))
 
     def worker_lines(self) -> list[str]:
+        """The worker's own lines (found anywhere in a line: the engine's output, which shares
+        the file, may end without a newline)."""
         text = self.log.read_text(errors="replace")
-        return [ln for ln in text.splitlines() if ln.startswith("fleetgate worker:")]
+        return re.findall(r"fleetgate worker: [^\n]*", text)
 
     def tail(self, n: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
@@ -94,7 +97,7 @@ def start_real_vllm(gateway_url: str, model_dir: Path, python: str, log: Path) -
         "--gateway", gateway_url, "--host", "127.0.0.1", "--port", str(port),
         "--python", python, "--served-model-name", SERVED,
         "--public-name", PUBLIC, "--public-name", PUBLIC_REAL, "--price-per-gpu-hour", "0.05",
-        "--ttl", str(TTL_S), "--start-timeout", str(START_TIMEOUT_S), "--stop-timeout", "30",
+        "--ttl", str(TTL_S), "--start-timeout", str(START_TIMEOUT_S),
         "--", *ENGINE_ARGS]
     started = time.monotonic()
     with log.open("wb") as out:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -276,8 +277,7 @@ class WorkerProc:
                                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     def lines(self) -> list[str]:
-        text = self.log.read_text()
-        return [ln for ln in text.splitlines() if ln.startswith("fleetgate worker:")]
+        return re.findall(r"fleetgate worker: [^\n]*", self.log.read_text(errors="replace"))
 
     def engine_pid(self) -> int:
         line = next(ln for ln in self.lines() if "engine pid=" in ln)
