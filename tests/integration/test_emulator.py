@@ -9,7 +9,6 @@ usage rules, completions, error shapes and the queue cap, per flavour (vLLM 0.33
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -18,30 +17,12 @@ import pytest
 from emulator_harness import (
     ALIAS,
     CHAT,
-    ENGINES,
     MODEL,
     ServerThread,
     config,
-    flavour_servers,
     post_stream,
     sse_events,
 )
-
-
-@pytest.fixture(scope="module")
-def servers() -> Iterator[dict[str, str]]:
-    with flavour_servers() as urls:
-        yield urls
-
-
-@pytest.fixture(params=ENGINES)
-def engine(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture
-def url(servers: dict[str, str], engine: str) -> str:
-    return servers[engine]
 
 
 # -- streaming shapes ------------------------------------------------------------------------

@@ -17,11 +17,9 @@ import pytest
 from emulator_harness import (
     ALIAS,
     CHAT,
-    ENGINES,
     MODEL,
     ServerThread,
     config,
-    flavour_servers,
     poll,
     set_faults,
     sse_events,
@@ -30,22 +28,6 @@ from emulator_harness import (
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleetgate.backends.emulator import start_emulator
-
-
-@pytest.fixture(scope="module")
-def servers() -> Iterator[dict[str, str]]:
-    with flavour_servers() as urls:
-        yield urls
-
-
-@pytest.fixture(params=ENGINES)
-def engine(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture
-def url(servers: dict[str, str], engine: str) -> str:
-    return servers[engine]
 
 
 # -- faults ----------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ def engine() -> Iterator[Proc]:
 def _config(engine_url: str, limits_a: dict | None = None, limits_b: dict | None = None) -> dict:
     return {
         "pools": [pool("h100-vllm", "h100", "vllm", 2.95, [engine_url], {PUBLIC_8B: SERVED_8B})],
-        "policies": {"cheapest": {"strategy": "cost"}},
+        "policies": {"cheapest": {"strategy": "cost"}, "fastest": {"strategy": "latency"}},
         "default_policy": "cheapest",
         "auth": {
             "admin_keys": ["${ADMIN_KEY}"],
@@ -87,13 +87,15 @@ def test_keys_tenants_and_the_admin_gate(engine: Proc, tmp_path: Path, redis_url
         assert httpx.get(a.url + "/admin/endpoints").status_code == 401
         ok = httpx.get(a.url + "/admin/endpoints", headers={"authorization": f"Bearer {ADMIN}"})
         assert ok.status_code == 200
-        forbidden = _chat(b, KEY_B, model=PUBLIC_8B)
-        assert forbidden.status_code == 200
-        wrong_policy = httpx.post(
-            b.url + "/v1/chat/completions", timeout=30,
-            json={"model": PUBLIC_8B, "messages": MESSAGES, "max_tokens": 1},
-            headers={"authorization": f"Bearer {KEY_B}", "x-fleetgate-policy": "nope"})
-        assert wrong_policy.status_code == 400
+        def with_policy(key: str, policy: str) -> httpx.Response:
+            return httpx.post(
+                b.url + "/v1/chat/completions", timeout=30,
+                json={"model": PUBLIC_8B, "messages": MESSAGES, "max_tokens": 1},
+                headers={"authorization": f"Bearer {key}", "x-fleetgate-policy": policy})
+
+        assert with_policy(KEY_B, "nope").status_code == 400  # no such policy
+        assert with_policy(KEY_B, "fastest").status_code == 403  # not among team-b's policies
+        assert with_policy(KEY_A, "fastest").status_code == 200  # team-a may use any
     finally:
         a.stop()
         b.stop()

@@ -125,7 +125,6 @@ async def test_slowed_endpoint_loses_traffic_under_latency_and_cost(tmp_path: Pa
     async with inproc_gateway(config, tmp_path) as (url, state):
         client = _client(url)
         fleet = state.generation.fleet
-        cheap = fleet.endpoints[fleet.index("h100-cheap-0")]
         for policy, victim in (("cheapest", "h100-cheap"), ("fastest", None)):
             headers = {"x-fleetgate-policy": policy}
             first = (await _stream(client, "llama-3.1-8b", 8, headers=headers))["pool"]
@@ -138,7 +137,6 @@ async def test_slowed_endpoint_loses_traffic_under_latency_and_cost(tmp_path: Pa
                 await tick(state)
             assert seen[-6:].count(victim) <= 1, (policy, seen)  # moved off it
             httpx.post(url_of + "/emulator/faults", json={"slow_factor": 1}).raise_for_status()
-        assert cheap.url
 
 
 async def test_every_decision_is_explainable(tmp_path: Path) -> None:

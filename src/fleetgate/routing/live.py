@@ -42,6 +42,7 @@ from fleetgate.routing.types import (
     STATIC_COLUMNS,
     EndpointInfo,
     Snapshot,
+    finite_or_none,
 )
 
 ALPHA = 0.2
@@ -238,8 +239,7 @@ class LiveFleet:
 
 
 def _num(value: float) -> float | None:
-    value = float(value)
-    return None if math.isnan(value) or math.isinf(value) else round(value, 6)
+    return finite_or_none(float(value))
 
 
 def _pct(window: deque[float], q: float) -> float | None:

@@ -186,5 +186,9 @@ class Decision:
                 "rejected": dict(self.rejected)}
 
 
-def _num(value: float) -> float | None:
+def finite_or_none(value: float) -> float | None:
+    """A number for JSON: NaN and infinities (unknown, unreachable) become null."""
     return None if math.isnan(value) or math.isinf(value) else round(value, 6)
+
+
+_num = finite_or_none
