@@ -13,6 +13,10 @@ COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
 USER 10001
 WORKDIR /home/fleetgate
+# numba compiles the routing kernels once and caches them here (writable by the user; the
+# installed package is not); compiling at build time makes the first start quick.
+ENV NUMBA_CACHE_DIR=/home/fleetgate/.cache/numba
+RUN python -c "import fleetgate.routing"
 EXPOSE 8080
 HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
   CMD ["python", "-c", "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8080/healthz', timeout=2).status == 200 else 1)"]

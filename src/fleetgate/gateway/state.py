@@ -102,7 +102,7 @@ class AppState:
 async def build_generation(config: FleetConfig, settings: Settings, http: httpx.AsyncClient,
                            router: Router | None = None, adopt: dict | None = None) -> Generation:
     try:
-        router = router or build_router(config, stale_after_s=settings.stale_after_s)
+        router = router or build_router(config)
     except PolicyError as exc:
         raise ConfigError(str(settings.config_path or "config"), exc.errors) from None
     fleet = Fleet(config, http, interval_s=settings.health_interval_s,

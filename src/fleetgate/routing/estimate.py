@@ -6,13 +6,14 @@ nothing. With the prior of ``prior.py`` corrected by the learned ``k_tpot``/``k_
 
     n      = prompt tokens (estimate), g = max_tokens (256 when absent), C = n + g/2
     active = max(in_flight + peers' in_flight, running + queued)   (ours are exact, the
-             other replicas' one sync interval old, the engine's one scrape old)
+             other replicas' one sync interval old, the engine's one scrape old; kept
+             current by ``LiveFleet``)
     B_max  = floor(min(max_batch, kv_capacity_tokens / (n + g)))  (KV memory limits the
              running batch; counted at full length, so admitted requests are never preempted)
     tpot   = k_tpot * (step_base + step_per_ctx_token * C * min(active + 1, B_max))
-    wait   = ceil(max(0, active + 1 - B_max) / B_max) * tpot * g   (beyond the batch a request
-             waits, at worst, for a whole generation to free a slot: the running requests may
-             all have started together)
+    wait   = floor(active / B_max) * tpot * g   (a request beyond the running batch waits, at
+             worst, for whole generations to free a slot: the running requests may all have
+             started together; = ceil(max(0, active + 1 - B_max) / B_max) for whole counts)
     ttft   = k_ttft * (step_base + prefill_per_token * n * (1 + queued) + wait)
     B_slo  = the largest batch whose tpot meets the SLO: (0.8*slo_tpot/k_tpot - step_base)
              / (step_per_ctx_token * C), clipped to [0, B_max]  (B_max without a TPOT SLO)
@@ -20,6 +21,9 @@ nothing. With the prior of ``prior.py`` corrected by the learned ``k_tpot``/``k_
              it sustains at the SLO; infinite when it cannot meet the SLO at all)
     meets_slo = tpot <= 0.8 * slo_tpot and ttft <= 0.8 * slo_ttft   (20% headroom: the
              predictions are averages, the SLO is judged per request)
+
+Each line is a handful of whole-column numpy operations: a decision costs about the same
+at 10 and at 1,000 endpoints (BENCHMARKS.md, "Routing decision time").
 
 May touch: numpy and routing types. Must not touch: I/O, clocks.
 """
@@ -30,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+import numba
 import numpy as np
 
 from fleetgate.routing.types import (
@@ -70,103 +75,167 @@ class Slo:
     tpot_s: float | None = None
 
 
+# The snapshot rows the kernel reads, passed in (never baked into numba's on-disk cache).
+_LIVE_IN = np.array([LIVE_ROW[name] for name in (
+    "active", "queued", "kv_usage", "k_tpot", "k_ttft")], dtype=np.intp)
+_STATIC_IN = np.array([STATIC_ROW[name] for name in (
+    "step_base_s", "step_per_ctx_token_s", "prefill_s_per_token", "kv_capacity_tokens",
+    "max_batch", "usd_per_s")], dtype=np.intp)
+_USABLE_IN = np.array([LIVE_ROW["usable_from"], LIVE_ROW["stale_at"]], dtype=np.intp)
+# The rows the kernel writes, in order.
+KERNEL_ROWS = ("b_max", "tpot_s", "ttft_s", "e2e_s", "slo_capacity", "usd_per_mtok", "load",
+               "kv_headroom_tokens")
+
+
+@numba.njit(cache=True, error_model="numpy")  # IEEE inf/nan, never an exception
+def _kernel(live: FloatArray, static: FloatArray, live_in: IntArray, static_in: IntArray,
+            idx: IntArray, n: float, g: float, tpot_limit: float, ttft_limit: float,
+            out: FloatArray, meets: BoolArray) -> None:
+    """The module docstring's formulas for candidates ``idx``, one pass (compiled by numba).
+
+    Limits are the SLO times the headroom, +inf without that SLO. A loop here costs about a
+    tenth of the same formulas as whole-column numpy operations, whose fixed cost per call
+    (~0.5-1 us, ~60 calls) dominated a decision at any fleet size.
+    """
+    active_r, queued_r, kv_usage_r, k_tpot_r, k_ttft_r = live_in
+    base_r, per_ctx_r, prefill_r, kv_cap_r, max_batch_r, usd_r = static_in
+    ctx = n + g / 2
+    per_request = 1.0 / (n + g)
+    for j in range(idx.shape[0]):
+        i = idx[j]
+        active, k_tpot = live[active_r, i], live[k_tpot_r, i]
+        base, ctx_cost, cap = static[base_r, i], static[per_ctx_r, i] * ctx, static[kv_cap_r, i]
+        b_max = max(np.floor(min(static[max_batch_r, i], cap * per_request)), 1.0)
+        tpot = k_tpot * (base + ctx_cost * min(active + 1.0, b_max))
+        wait = np.floor(active / b_max) * tpot * g
+        prefill = static[prefill_r, i] * n * (live[queued_r, i] + 1.0)
+        ttft = live[k_ttft_r, i] * (base + prefill + wait)
+        batch = b_max
+        if tpot_limit < np.inf:
+            batch = min(max(np.floor((tpot_limit / k_tpot - base) / ctx_cost), 0.0), b_max)
+        usage = live[kv_usage_r, i]
+        if np.isnan(usage):
+            usage = min(active * ctx / cap, 1.0)
+        out[0, j] = b_max
+        out[1, j] = tpot
+        out[2, j] = ttft
+        out[3, j] = ttft + tpot * (g - 1)
+        out[4, j] = batch
+        out[5, j] = (static[usd_r, i] * 1e6 * k_tpot * (base + ctx_cost * batch) / batch
+                     if batch > 0 else np.inf)  # $/s over tokens/s at the SLO batch
+        out[6, j] = active / max(batch, 1.0)
+        out[7, j] = (1.0 - usage) * cap
+        meets[j] = tpot <= tpot_limit and ttft <= ttft_limit
+
+
+@numba.njit(cache=True)
+def _usable(live: FloatArray, rows: IntArray, idx: IntArray, now: float, out: BoolArray) -> int:
+    count = 0
+    for j in range(idx.shape[0]):
+        out[j] = live[rows[0], idx[j]] <= now <= live[rows[1], idx[j]]
+        count += out[j]
+    return count
+
+
 class Estimates:
-    """Lazily computed predictions, aligned with the candidate indices ``idx``."""
+    """Lazily computed predictions, aligned with the candidate indices ``idx``.
+
+    The prefilter and context checks are numpy one-liners; everything else comes from one
+    kernel call the first time any of it is read (round-robin decisions never pay for it).
+    """
 
     def __init__(self, snap: Snapshot, idx: IntArray, req: RoutingRequest, slo: Slo) -> None:
-        whole = len(idx) == len(snap.endpoints)
-        self._live = snap.live if whole else snap.live[:, idx]
-        self._static = snap.static if whole else snap.static[:, idx]
+        self._snap, self._idx = snap, idx
+        self._whole = len(idx) == len(snap.endpoints)
+        self._now = snap.taken_at
         self._n = float(req.prompt_tokens_estimate)
         self._g = float(req.max_tokens or DEFAULT_MAX_TOKENS)
-        self._ctx = self._n + self._g / 2
         self._slo = slo
-        self._snap, self._idx, self._req = snap, idx, req
 
     def __getitem__(self, name: str) -> Any:
         if name not in NAMES:
             raise KeyError(name)
         return getattr(self, name)
 
-    def subset(self, keep: BoolArray) -> Estimates:
-        return Estimates(self._snap, self._idx[keep], self._req, self._slo)
-
     def as_dict(self) -> dict[str, FloatArray]:
         return {name: np.asarray(getattr(self, name), dtype=float) for name in NAMES}
 
-    def _l(self, name: str) -> FloatArray:
-        return self._live[LIVE_ROW[name]]
+    def column(self, name: str) -> FloatArray:
+        """A live or static column of the snapshot, aligned with the candidates."""
+        col = self._snap.col(name)
+        return col if self._whole else col[self._idx]
 
-    def _s(self, name: str) -> FloatArray:
-        return self._static[STATIC_ROW[name]]
+    def prefilter(self) -> tuple[BoolArray, int]:
+        """The builtin prefilter (ready or pending, breakers closed, state fresh): the mask of
+        candidates that pass and how many do."""
+        ok = np.empty(len(self._idx), dtype=bool)
+        return ok, _usable(self._snap.live, _USABLE_IN, self._idx, self._now, ok)
+
+    @lazy
+    def fits_context(self) -> BoolArray:
+        return self.column("max_model_len") >= self._n + self._g
 
     @lazy
     def active(self) -> FloatArray:
-        ours = self._l("in_flight") + self._l("peer_in_flight")
-        return np.fmax(ours, self._l("running") + self._l("queued"))
+        return self.column("active")
 
     @lazy
+    def _kernel_out(self) -> tuple[FloatArray, BoolArray]:
+        out = np.empty((len(KERNEL_ROWS), len(self._idx)))
+        meets = np.empty(len(self._idx), dtype=bool)
+        tpot, ttft = self._slo.tpot_s, self._slo.ttft_s
+        _kernel(self._snap.live, self._snap.static, _LIVE_IN, _STATIC_IN, self._idx, self._n,
+                self._g,
+                np.inf if tpot is None else SLO_HEADROOM * tpot,
+                np.inf if ttft is None else SLO_HEADROOM * ttft, out, meets)
+        return out, meets
+
+    @property
     def b_max(self) -> FloatArray:
-        full = self._n + self._g
-        cap = np.minimum(self._s("max_batch"), self._s("kv_capacity_tokens") / full)
-        return np.maximum(np.floor(cap), 1.0)
+        return self._kernel_out[0][0]
 
-    def _tpot_at(self, batch: FloatArray) -> FloatArray:
-        base, per_ctx = self._s("step_base_s"), self._s("step_per_ctx_token_s")
-        return self._l("k_tpot") * (base + per_ctx * (self._ctx * batch))
-
-    @lazy
+    @property
     def tpot_s(self) -> FloatArray:
-        return self._tpot_at(np.minimum(self.active + 1, self.b_max))
+        return self._kernel_out[0][1]
 
-    @lazy
+    @property
     def ttft_s(self) -> FloatArray:
-        excess = np.maximum(self.active + (1 - self.b_max), 0.0)
-        wait = np.ceil(excess / self.b_max) * self.tpot_s * self._g
-        prefill = self._s("prefill_s_per_token") * (self._n * (1 + self._l("queued")))
-        return self._l("k_ttft") * (self._s("step_base_s") + prefill + wait)
+        return self._kernel_out[0][2]
 
-    @lazy
+    @property
     def e2e_s(self) -> FloatArray:
-        return self.ttft_s + self.tpot_s * (self._g - 1)
+        return self._kernel_out[0][3]
 
-    @lazy
+    @property
     def slo_capacity(self) -> FloatArray:
-        if self._slo.tpot_s is None:
-            return self.b_max
-        base, per_ctx = self._s("step_base_s"), self._s("step_per_ctx_token_s")
-        target = SLO_HEADROOM * self._slo.tpot_s / self._l("k_tpot")
-        fit = np.floor((target - base) / (per_ctx * self._ctx))
-        return np.clip(fit, 0.0, self.b_max)
+        return self._kernel_out[0][4]
 
-    @lazy
+    @property
     def usd_per_mtok(self) -> FloatArray:
-        batch = self.slo_capacity
-        tokens_per_s = batch / self._tpot_at(batch)
-        out = np.full(len(batch), np.inf)
-        np.divide(self._s("usd_per_s") * 1e6, tokens_per_s, out=out, where=tokens_per_s > 0)
-        return out
+        return self._kernel_out[0][5]
 
-    @lazy
+    @property
     def load(self) -> FloatArray:
-        return self.active / np.maximum(self.slo_capacity, 1.0)
+        return self._kernel_out[0][6]
 
-    @lazy
-    def meets_slo(self) -> FloatArray:
-        ok = np.ones(len(self._idx), dtype=bool)
-        if self._slo.tpot_s is not None:
-            ok &= self.tpot_s <= SLO_HEADROOM * self._slo.tpot_s
-        if self._slo.ttft_s is not None:
-            ok &= self.ttft_s <= SLO_HEADROOM * self._slo.ttft_s
-        return ok.astype(float)
-
-    @lazy
+    @property
     def kv_headroom_tokens(self) -> FloatArray:
-        cap = self._s("kv_capacity_tokens")
-        usage = self._l("kv_usage")
-        guess = np.minimum(self.active * self._ctx / cap, 1.0)
-        return (1.0 - np.where(np.isnan(usage), guess, usage)) * cap
+        return self._kernel_out[0][7]
 
-    @lazy
-    def fits_context(self) -> FloatArray:
-        return (self._s("max_model_len") >= self._n + self._g).astype(float)
+    @property
+    def meets_slo(self) -> BoolArray:
+        return self._kernel_out[1]
+
+
+def _warm_up() -> None:
+    """Compile (or load from numba's cache) now, not on the first request."""
+    live = np.zeros((len(LIVE_ROW), 1))
+    static = np.ones((len(STATIC_ROW), 1))
+    static.setflags(write=False)  # as LiveFleet's: numba compiles per array flavour
+    one = np.zeros(1, dtype=np.intp)
+    _kernel(live, static, _LIVE_IN, _STATIC_IN, one, 1.0, 1.0, 1.0, np.inf,
+            np.empty((len(KERNEL_ROWS), 1)), np.empty(1, dtype=bool))
+    _usable(live, _USABLE_IN, one, 0.0, np.empty(1, dtype=bool))
+
+
+_warm_up()

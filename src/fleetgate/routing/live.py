@@ -16,6 +16,9 @@ What it keeps, per endpoint:
 - ``k_ttft``/``k_tpot``: learned corrections of the physics prior, updated with the ratio
   of each measured value to the value the router predicted for that request.
 - the breaker (``block_until``: routing skips it until then) and the health state.
+- the rows a decision reads for every candidate, kept current as their inputs change (one
+  scalar update per event instead of a vector operation over the fleet per request):
+  ``active``, ``usable_from`` and ``stale_at`` (``types.Snapshot``).
 
 Capacity is normalised across GPU types by the prior: KV headroom is in tokens
 (``(1 - kv_usage) * kv_capacity_tokens``), not a percentage of 80 GB vs 288 GB.
@@ -48,6 +51,12 @@ from fleetgate.routing.types import (
 ALPHA = 0.2
 K_LIMITS = (0.02, 50.0)
 _ROW = LIVE_ROW
+_IN_FLIGHT, _PEER_IN_FLIGHT = _ROW["in_flight"], _ROW["peer_in_flight"]
+_RUNNING, _QUEUED, _ACTIVE = _ROW["running"], _ROW["queued"], _ROW["active"]
+_HEALTH, _BLOCK, _PEER_BLOCK = _ROW["health"], _ROW["block_until"], _ROW["peer_block_until"]
+_CONTACT, _USABLE_FROM, _STALE_AT = _ROW["last_contact"], _ROW["usable_from"], _ROW["stale_at"]
+_NOT_READY, _PENDING = HEALTH_CODES["not_ready"], HEALTH_CODES["pending"]
+_NOT_DESCRIBED = ("health", "block_until", "last_contact", "usable_from", "stale_at")
 
 
 @dataclass(slots=True)
@@ -77,10 +86,11 @@ class LiveFleet:
         n = len(self.endpoints)
         self._live = np.full((len(LIVE_COLUMNS), n), np.nan)
         for name in ("in_flight", "queued", "health", "block_until", "error_rate",
-                     "peer_in_flight", "peer_block_until"):
+                     "peer_in_flight", "peer_block_until", "active", "usable_from"):
             self._live[_ROW[name]] = 0.0
         self._live[_ROW["k_tpot"]] = self._live[_ROW["k_ttft"]] = 1.0
         self._live[_ROW["last_contact"]] = -np.inf
+        self._live[_STALE_AT] = np.inf  # pending: never stale before the first contact
         usd_per_s = [ep.price_per_replica_hour / 3600.0 for ep in self.endpoints]
         self._static = np.array([usd_per_s if name == "usd_per_s" else
                                  [getattr(p, name) for p in priors] for name in STATIC_COLUMNS],
@@ -113,11 +123,14 @@ class LiveFleet:
         st.breaker.on_dispatch(now)
         if st.breaker.state == "half_open":
             self._live[_ROW["block_until"], i] = np.inf  # one probe request at a time
+            self._derive_usable(i)
+        self._derive_active(i)
 
     def on_first_token(self, i: int, ttft_s: float | None,
                        predicted_ttft_s: float | None) -> None:
         """The engine started answering (``ttft_s`` None: a non-streamed answer arrived)."""
         self._live[_ROW["queued"], i] = max(0.0, self._live[_ROW["queued"], i] - 1)
+        self._derive_active(i)
         if ttft_s is None:
             return
         self._ewma("ttft_s", i, ttft_s)
@@ -139,6 +152,7 @@ class LiveFleet:
         self._live[_ROW["last_contact"], i] = now
         st.breaker.on_success()
         self._live[_ROW["block_until"], i] = 0.0
+        self._derive_usable(i)
 
     def on_failure(self, i: int, now: float, counts_against_engine: bool = True) -> None:
         """A request failed (before or after its first byte); the in-flight slot is freed."""
@@ -151,6 +165,7 @@ class LiveFleet:
         st.breaker.on_failure(now)
         if st.breaker.state == "open":
             self._live[_ROW["block_until"], i] = st.breaker.opened_at + st.breaker.cooldown_s
+            self._derive_usable(i)
 
     def on_cancel(self, i: int) -> None:
         """The client went away: free the slot, learn nothing."""
@@ -163,6 +178,7 @@ class LiveFleet:
             self._live[_ROW["health"], i] = HEALTH_CODES["not_ready"]
         st.breaker.trip(now)
         self._live[_ROW["block_until"], i] = now + st.breaker.cooldown_s
+        self._derive_usable(i)
 
     # -- background signals ------------------------------------------------------------
     def on_probe(self, i: int, now: float, ok: bool, detail: str) -> bool:
@@ -170,6 +186,7 @@ class LiveFleet:
         self._live[_ROW["health"], i] = HEALTH_CODES[self.stats[i].health.state]
         if ok:
             self._live[_ROW["last_contact"], i] = now
+        self._derive_usable(i)
         return changed
 
     def on_scrape(self, i: int, now: float, waiting: float | None, running: float | None,
@@ -191,11 +208,15 @@ class LiveFleet:
         self._live[_ROW["running"], i] = np.nan if running is None else running
         self._live[_ROW["kv_usage"], i] = np.nan if kv_usage is None else kv_usage
         self._live[_ROW["last_contact"], i] = now
+        self._derive_active(i)
+        self._derive_usable(i)
 
     def on_peers(self, i: int, in_flight: float, block_until: float) -> None:
         """The other gateway replicas' in-flight requests and breaker on this endpoint."""
         self._live[_ROW["peer_in_flight"], i] = in_flight
         self._live[_ROW["peer_block_until"], i] = block_until
+        self._derive_active(i)
+        self._derive_usable(i)
 
     def expire_scrapes(self, now: float) -> None:
         """Forget scraped load older than ``stale_after_s`` (unknown, not zero)."""
@@ -203,10 +224,25 @@ class LiveFleet:
             if now - st.last_scrape_at > self.stale_after_s and st.last_scrape_at > -math.inf:
                 self._live[_ROW["running"], i] = self._live[_ROW["kv_usage"], i] = np.nan
                 self._live[_ROW["queued"], i] = self._live[_ROW["in_flight"], i]
+                self._derive_active(i)
 
     # -- helpers -------------------------------------------------------------------------
     def _release(self, i: int) -> None:
         self._live[_ROW["in_flight"], i] = max(0.0, self._live[_ROW["in_flight"], i] - 1)
+        self._derive_active(i)
+
+    def _derive_active(self, i: int) -> None:
+        """active = max(ours + peers', the engine's running + queued); NaN running -> ours."""
+        col = self._live[:, i]
+        ours = col[_IN_FLIGHT] + col[_PEER_IN_FLIGHT]
+        engine = col[_RUNNING] + col[_QUEUED]
+        col[_ACTIVE] = engine if engine > ours else ours
+
+    def _derive_usable(self, i: int) -> None:
+        col = self._live[:, i]
+        health = col[_HEALTH]
+        col[_USABLE_FROM] = np.inf if health == _NOT_READY else max(col[_BLOCK], col[_PEER_BLOCK])
+        col[_STALE_AT] = np.inf if health == _PENDING else col[_CONTACT] + self.stale_after_s
 
     def _ewma(self, name: str, i: int, value: float) -> None:
         row = _ROW[name]
@@ -225,7 +261,7 @@ class LiveFleet:
         """Everything known about one endpoint, for /admin/endpoints."""
         st = self.stats[i]
         row: dict[str, Any] = {name: _num(self._live[_ROW[name], i]) for name in LIVE_COLUMNS
-               if name not in ("health", "block_until", "last_contact")}
+                               if name not in _NOT_DESCRIBED}
         row.update({name: _num(self._static[r, i]) for r, name in enumerate(STATIC_COLUMNS)})
         row.update({
             "health": st.health.state, "health_detail": st.health.detail,

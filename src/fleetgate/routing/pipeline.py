@@ -2,7 +2,9 @@
 
 ``Pipeline.route(request, snapshot)`` is pure: builtin prefilters (serves the model, not
 ``not_ready``, breaker allows, fresh) -> estimates (``estimate.py``) -> the policy's filters
--> weighted scorers, each in [0,1] -> a picker that orders every survivor best-first.
+-> weighted scorers, each in [0,1] -> a picker that puts the best ``max_attempts`` survivors
+first (the attempt and retry order). Each stage works on whole columns (numpy) and keeps its
+mask, so why an endpoint was dropped is only worked out when someone asks (``Decision``).
 
 A policy with an SLO and ``slo_mode="prefer"`` (the ``cost`` strategy) ranks the endpoints
 predicted to meet the SLO first (by their weighted score), then the others fastest-first;
@@ -34,10 +36,7 @@ import numpy as np
 from fleetgate.routing.estimate import Estimates, Slo
 from fleetgate.routing.plugins import Bound, ScoringInput
 from fleetgate.routing.plugins.base import normalise_min_over
-from fleetgate.routing.types import HEALTH_CODES, Decision, RoutingRequest, Snapshot
-
-NOT_READY = HEALTH_CODES["not_ready"]
-PENDING = HEALTH_CODES["pending"]
+from fleetgate.routing.types import PREFILTER, Decision, RoutingRequest, Snapshot
 
 STRATEGIES: dict[str, tuple[tuple[tuple[str, float], ...], str]] = {
     "cost": ((("cost", 1.0),), "max_score"),
@@ -53,74 +52,61 @@ STRATEGIES: dict[str, tuple[tuple[tuple[str, float], ...], str]] = {
 @dataclass
 class Pipeline:
     name: str
-    picker: Any  # has .order(total) -> indices
+    picker: Any  # has .order(rank, k) -> the k best positions, best first
     filters: list[Bound] = field(default_factory=list)
     scorers: list[Bound] = field(default_factory=list)
     slo: Slo = field(default_factory=Slo)
     prefer_slo: bool = False
-    stale_after_s: float = 10.0
     max_attempts: int = 3
 
     def route(self, req: RoutingRequest, snap: Snapshot) -> Decision:
         idx = snap.by_model.get(req.model)
         if idx is None or not len(idx):
             return Decision(self.name, req.model, "no endpoint serves the model", snap.endpoints)
-        rejected: dict[str, str] = {}
-        alive = self._prefilter(snap, idx, rejected)
         est = Estimates(snap, idx, req, self.slo)
+        alive, left = est.prefilter()
+        count = len(idx)
+        stages = [] if left == count else [(PREFILTER, alive)]
         inp = ScoringInput(snap, idx, req, est, alive)
         for flt in self.filters:
-            if not alive.any():
+            if not left:
                 break
-            dropped = alive & ~flt(inp)
-            if dropped.any():
-                for k in np.flatnonzero(dropped):
-                    rejected[snap.endpoints[idx[k]].id] = f"filter {flt.name}"
-                alive = alive & ~dropped
-                inp = ScoringInput(snap, idx, req, est, alive)
-        if not alive.any():
+            keep = flt(inp)
+            if keep is None:
+                continue
+            stages.append((flt.label, keep))
+            alive = inp.mask = alive & keep
+            left = int(np.count_nonzero(alive))
+        if not left:
             return Decision(self.name, req.model, "no eligible endpoint", snap.endpoints, idx,
-                            rejected=rejected, estimates=est, alive=alive)
+                            stages=tuple(stages), estimates=est, alive=alive, snapshot=snap)
         scores = {s.name: s(inp) for s in self.scorers}
-        total, reason = self._total(scores, est, alive)
-        over = self.prefer_slo and not bool(((est.meets_slo > 0) & alive).any())
-        if alive.all():
-            order = self.picker.order(total, self.max_attempts)
-        else:
-            pos = np.flatnonzero(alive)
-            order = pos[self.picker.order(total[pos], self.max_attempts)]
-        return Decision(self.name, req.model, reason, snap.endpoints, idx, order, total,
-                        scores, est, rejected, alive, over)
+        total, reason, over = self._total(scores, est, alive, left)
+        rank = total if left == count else np.where(alive, total, -np.inf)
+        order = self.picker.order(rank, min(self.max_attempts, left))
+        return Decision(self.name, req.model, reason, snap.endpoints, idx, order, total, scores,
+                        est, tuple(stages), alive, over, snap)
 
-    def _prefilter(self, snap: Snapshot, idx: np.ndarray, rejected: dict[str, str]) -> Any:
-        whole = len(idx) == len(snap.endpoints)
-        health = snap.col("health") if whole else snap.col("health")[idx]
-        block = np.fmax(snap.col("block_until"), snap.col("peer_block_until"))
-        block = block if whole else block[idx]
-        contact = snap.col("last_contact") if whole else snap.col("last_contact")[idx]
-        bad = (health == NOT_READY) | (block > snap.taken_at) | (
-            (contact < snap.taken_at - self.stale_after_s) & (health != PENDING))
-        if bad.any():
-            for k in np.flatnonzero(bad):
-                why = "not ready" if health[k] == NOT_READY else (
-                    "breaker open" if block[k] > snap.taken_at else "state stale")
-                rejected[snap.endpoints[idx[k]].id] = why
-        return ~bad
-
-    def _total(self, scores: dict[str, Any], est: Estimates, alive: Any) -> tuple[Any, str]:
-        total = np.zeros(len(alive))
+    def _total(self, scores: dict[str, Any], est: Estimates, alive: Any,
+               left: int) -> tuple[Any, str, bool]:
+        """The weighted score, in [0,1]; with an SLO preference, in [0,2] (see the module)."""
         weight = sum(s.weight for s in self.scorers)
-        for s in self.scorers:
-            total += s.weight * scores[s.name]
-        if weight > 0:
-            total /= weight
+        if weight <= 0:
+            total = np.zeros(len(alive))
+        elif len(self.scorers) == 1:
+            total = scores[self.scorers[0].name]
+        else:
+            total = scores[self.scorers[0].name] * (self.scorers[0].weight / weight)
+            for s in self.scorers[1:]:
+                total += scores[s.name] * (s.weight / weight)
         if not self.prefer_slo:
-            return total, f"{self.name}: best weighted score"
-        meets = (est.meets_slo > 0) & alive
-        if meets[alive].all():
-            return total, "meets the SLO: best score (cheapest)"
+            return total, f"{self.name}: best weighted score", False
+        meets = est.meets_slo & alive
+        meeting = int(np.count_nonzero(meets))
+        if meeting == left:
+            return total, "meets the SLO: best score (cheapest)", False
         fastest = normalise_min_over(est.e2e_s, alive)
-        if not meets.any():
-            return fastest, "no endpoint is predicted to meet the SLO: fastest first"
+        if not meeting:
+            return fastest, "no endpoint is predicted to meet the SLO: fastest first", True
         return np.where(meets, 1.0 + total, fastest * 0.999), \
-            "cheapest predicted to meet the SLO; the rest fastest-first"
+            "cheapest predicted to meet the SLO; the rest fastest-first", False

@@ -53,13 +53,12 @@ def _matches(match: RouteMatch, req: RoutingRequest) -> bool:
     return all(req.headers.get(k.lower()) == v for k, v in match.header.items())
 
 
-def build_router(config: FleetConfig, seed: int | None = None,
-                 stale_after_s: float = 10.0) -> PolicyRouter:
+def build_router(config: FleetConfig, seed: int | None = None) -> PolicyRouter:
     errors: list[str] = []
     pipelines: dict[str, Pipeline] = {}
     for name, policy in config.policies.items():
         try:
-            pipelines[name] = build_pipeline(name, policy, seed, stale_after_s)
+            pipelines[name] = build_pipeline(name, policy, seed)
         except PluginError as exc:
             errors.append(str(exc))
     if errors:
@@ -68,8 +67,7 @@ def build_router(config: FleetConfig, seed: int | None = None,
     return PolicyRouter(pipelines, routes, config.default_policy)
 
 
-def build_pipeline(name: str, policy: PolicyConfig, seed: int | None = None,
-                   stale_after_s: float = 10.0) -> Pipeline:
+def build_pipeline(name: str, policy: PolicyConfig, seed: int | None = None) -> Pipeline:
     where = f"policies.{name}"
     preset_scorers, preset_picker = STRATEGIES[policy.strategy]
     if policy.scorers:
@@ -89,4 +87,4 @@ def build_pipeline(name: str, policy: PolicyConfig, seed: int | None = None,
               tpot_s=policy.slo.tpot_ms / 1000 if policy.slo.tpot_ms else None)
     return Pipeline(name=name, picker=PICKERS[picker_name](seed), filters=filters,
                     scorers=scorers, slo=slo, prefer_slo=policy.strategy == "cost",
-                    stale_after_s=stale_after_s, max_attempts=policy.max_attempts)
+                    max_attempts=policy.max_attempts)

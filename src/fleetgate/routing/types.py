@@ -68,7 +68,8 @@ class EndpointInfo:
 
 LIVE_COLUMNS = ("in_flight", "queued", "running", "kv_usage", "ttft_s", "tpot_s",
                 "tokens_per_s", "k_tpot", "k_ttft", "health", "block_until", "last_contact",
-                "error_rate", "peer_in_flight", "peer_block_until")
+                "error_rate", "peer_in_flight", "peer_block_until",
+                "active", "usable_from", "stale_at")
 STATIC_COLUMNS = ("step_base_s", "step_per_ctx_token_s", "prefill_s_per_token",
                   "kv_capacity_tokens", "max_batch", "max_model_len", "usd_per_s")
 LIVE_ROW = {name: i for i, name in enumerate(LIVE_COLUMNS)}
@@ -85,8 +86,13 @@ class Snapshot:
     (measured EWMAs), ``tokens_per_s`` (measured output throughput), ``k_tpot``/``k_ttft``
     (learned corrections of the prior), ``health`` (HEALTH_CODES), ``block_until`` (breaker),
     ``last_contact``, ``error_rate``, ``peer_in_flight``/``peer_block_until`` (what the other
-    gateway replicas report: their in-flight requests and breakers). ``static`` (read-only,
-    one row per STATIC_COLUMNS name): the performance prior and the replica's price per second.
+    gateway replicas report: their in-flight requests and breakers). Three rows are derived
+    from those by ``LiveFleet`` as they change, so a decision does not recompute them over the
+    whole fleet: ``active`` (max(in_flight + peer_in_flight, running + queued)),
+    ``usable_from`` (when the breakers let requests through again; +inf while not ready) and
+    ``stale_at`` (when the endpoint's state goes stale; +inf while pending). ``static``
+    (read-only, one row per STATIC_COLUMNS name): the performance prior and the replica's
+    price per second.
     """
 
     endpoints: tuple[EndpointInfo, ...]
@@ -99,6 +105,14 @@ class Snapshot:
         row = LIVE_ROW.get(name)
         return self.live[row] if row is not None else self.static[STATIC_ROW[name]]
 
+    def unusable_reason(self, i: int) -> str:
+        """Why the builtin prefilter drops endpoint ``i`` at ``taken_at``."""
+        if self.live[LIVE_ROW["health"], i] == HEALTH_CODES["not_ready"]:
+            return "not ready"
+        if self.live[LIVE_ROW["usable_from"], i] > self.taken_at:
+            return "breaker open"
+        return "state stale"
+
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
@@ -107,14 +121,18 @@ class Candidate:
     scores: Mapping[str, float] = field(default_factory=dict)
 
 
+PREFILTER = "prefilter"  # the builtin stage; its reasons are read from the snapshot
+
+
 @dataclass(frozen=True, slots=True)
 class Decision:
     """The router's answer: candidate endpoints best-first (the tail is the retry order).
 
     Candidates are ``endpoints[idx[k]]``; ``order`` lists k best-first; ``total``, every
     array in ``scores`` (scorer name -> score in [0,1]) and in ``estimates`` (ttft_s,
-    tpot_s, usd_per_mtok, ...) are aligned with ``idx``. Nothing is materialised per
-    candidate until asked: a decision over 1,000 endpoints stays cheap.
+    tpot_s, usd_per_mtok, ...) are aligned with ``idx``. ``stages`` keeps, per filtering
+    stage, the mask of candidates it kept. Nothing is materialised per candidate until
+    asked (``rejected``, ``ranked``, ``explain``): a decision over 1,000 endpoints stays cheap.
     """
 
     policy: str
@@ -126,9 +144,23 @@ class Decision:
     total: FloatArray | None = None
     scores: Mapping[str, FloatArray] = field(default_factory=dict)
     estimates: Any = None  # routing.estimate.Estimates (lazy): est["ttft_s"] etc.
-    rejected: Mapping[str, str] = field(default_factory=dict)  # endpoint id -> why filtered
+    stages: tuple[tuple[str, BoolArray], ...] = ()  # (PREFILTER or "filter <name>", kept)
     alive: BoolArray | None = None  # candidates that passed every filter
     over_capacity: bool = False  # the policy has an SLO and no candidate can meet it now
+    snapshot: Snapshot | None = None
+
+    @property
+    def rejected(self) -> dict[str, str]:
+        """Endpoint id -> why it was filtered out (the first stage that dropped it)."""
+        out: dict[str, str] = {}
+        kept = np.ones(len(self.idx), dtype=bool)
+        for why, keep in self.stages:
+            for k in np.flatnonzero(kept & ~keep):
+                i = int(self.idx[k])
+                out[self.endpoints[i].id] = (self.snapshot.unusable_reason(i)
+                                             if why == PREFILTER and self.snapshot else why)
+            kept &= keep
+        return out
 
     @property
     def ranked(self) -> tuple[Candidate, ...]:

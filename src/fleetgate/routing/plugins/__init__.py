@@ -68,6 +68,10 @@ class Bound:
     def __call__(self, inp: ScoringInput) -> Any:
         return self.fn(inp, self.params)
 
+    @property
+    def label(self) -> str:
+        return f"filter {self.name}"
+
 
 def bind(table: dict[str, Plugin], kind: str, name: str, params: dict[str, Any], where: str,
          weight: float = 1.0) -> Bound:

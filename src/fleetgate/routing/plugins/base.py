@@ -12,19 +12,27 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+import numba
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from fleetgate.routing.types import BoolArray, FloatArray, IntArray, RoutingRequest, Snapshot
+from fleetgate.routing.types import (
+    BoolArray,
+    EndpointInfo,
+    FloatArray,
+    IntArray,
+    RoutingRequest,
+    Snapshot,
+)
 
 
 class NoParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ScoringInput:
     snap: Snapshot
     idx: IntArray
@@ -33,17 +41,75 @@ class ScoringInput:
     mask: BoolArray  # the candidates still eligible (scores of the others are ignored)
 
     def col(self, name: str) -> Any:
-        return self.snap.col(name)[self.idx]
+        return self.est.column(name)
 
 
 FilterFn = Callable[[ScoringInput, Any], BoolArray]
+T = TypeVar("T")
+K = TypeVar("K")
+_PER_FLEET: dict[tuple[int, int, int], tuple[object, object, object]] = {}
+
+
+def per_fleet(endpoints: tuple[EndpointInfo, ...], key: K,
+              build: Callable[[tuple[EndpointInfo, ...], K], T]) -> T:
+    """``build(endpoints, key)``, computed once per fleet (the endpoints tuple changes only on
+    a reload or a registration) instead of once per request. ``key`` and ``build`` must be
+    long-lived objects (a policy's params, a module function). Entries hold their fleet and
+    key, so a recycled ``id`` never matches a dead one; the table is emptied when it grows."""
+    slot = (id(endpoints), id(key), id(build))
+    hit = _PER_FLEET.get(slot)
+    if hit is not None and hit[0] is endpoints and hit[1] is key:
+        return hit[2]  # type: ignore[return-value]
+    if len(_PER_FLEET) >= 256:
+        _PER_FLEET.clear()
+    value = build(endpoints, key)
+    _PER_FLEET[slot] = (endpoints, key, value)
+    return value
 ScorerFn = Callable[[ScoringInput, Any], FloatArray]
 
 
 def normalise_min_over(values: FloatArray, mask: BoolArray) -> FloatArray:
-    """Score = best eligible / value for "lower is better" values; inf or NaN -> 0."""
-    clean = np.where(mask & (values > 0), values, np.inf)  # NaN, <= 0, masked: unusable
-    best = clean.min() if len(clean) else np.inf
-    if not np.isfinite(best):
-        return np.zeros(len(values))
-    return np.asarray(best / clean)
+    """Score = best eligible / value for "lower is better" values (>= 0); inf or NaN -> 0.
+
+    A value of 0 (a free endpoint's $/Mtok) is the best there is: those score 1, the rest 0.
+    Masked-out candidates score 0.
+    """
+    out = np.empty(len(values))
+    _normalise(values, mask, True, out)
+    return out
+
+
+def normalise_max_over(values: FloatArray, mask: BoolArray) -> FloatArray:
+    """Score = value / best eligible for "higher is better" values (>= 0); NaN -> 0, and
+    all 0 when the best is 0 or infinite."""
+    out = np.empty(len(values))
+    _normalise(values, mask, False, out)
+    return out
+
+
+@numba.njit(cache=True, error_model="numpy")
+def _normalise(values: FloatArray, mask: BoolArray, lower_is_better: bool,
+               out: FloatArray) -> None:
+    # Two passes in one compiled call: numpy needed five calls (where, min, divide, ...),
+    # each costing more than the loop over 1,000 candidates. NaN fails every comparison.
+    best = np.inf if lower_is_better else 0.0
+    for i in range(values.shape[0]):
+        v = values[i]
+        if mask[i] and v >= 0 and (v < best if lower_is_better else v > best):
+            best = v
+    for i in range(values.shape[0]):
+        v = values[i]
+        if not mask[i] or not v >= 0 or best == np.inf or (best == 0 and not lower_is_better):
+            out[i] = 0.0
+        elif lower_is_better:
+            out[i] = (1.0 if v == 0 else 0.0) if best == 0 else best / v
+        else:
+            out[i] = v / best
+
+
+def _warm_up() -> None:
+    """Compile (or load from numba's cache) at import, not on the first request."""
+    normalise_min_over(np.ones(1), np.ones(1, dtype=bool))
+
+
+_warm_up()

@@ -1,7 +1,9 @@
-"""Filters: each returns a boolean mask over the candidates (True = keep).
+"""Filters: each returns a boolean mask over the candidates (True = keep), or None when it
+keeps every candidate (a filter that can tell cheaply saves the pipeline a vector step).
 
 - ``select``: keep endpoints whose pool / vendor / accelerator / engine is in the given
   lists and whose labels include every given ``labels`` pair (omitted = no constraint).
+  Who matches depends on the fleet only, so the mask is worked out once per fleet.
 - ``max_queue``: keep endpoints whose engine queue (scraped + dispatched since) is <= ``max``.
 - ``context_fit``: keep endpoints whose max model length holds prompt + max_tokens.
 - ``meets_slo``: keep endpoints predicted to meet the policy's SLO (the ``cost`` strategy
@@ -16,8 +18,9 @@ from __future__ import annotations
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from fleetgate.routing.plugins.base import ScoringInput
-from fleetgate.routing.types import BoolArray
+from fleetgate.routing.estimate import DEFAULT_MAX_TOKENS
+from fleetgate.routing.plugins.base import ScoringInput, per_fleet
+from fleetgate.routing.types import STATIC_ROW, BoolArray, EndpointInfo, FloatArray
 
 
 class SelectParams(BaseModel):
@@ -30,17 +33,17 @@ class SelectParams(BaseModel):
 
 
 def select(inp: ScoringInput, p: SelectParams) -> BoolArray:
-    keep = np.ones(len(inp.idx), dtype=bool)
-    for k, i in enumerate(inp.idx):
-        ep = inp.snap.endpoints[i]
-        keep[k] = (
-            (p.pools is None or ep.pool in p.pools)
-            and (p.vendors is None or ep.vendor in p.vendors)
-            and (p.accelerators is None or ep.accelerator in p.accelerators)
-            and (p.engines is None or ep.engine in p.engines)
-            and all(ep.labels.get(key) == value for key, value in p.labels.items())
-        )
-    return keep
+    return per_fleet(inp.snap.endpoints, p, _selected)[inp.idx]
+
+
+def _selected(endpoints: tuple[EndpointInfo, ...], p: SelectParams) -> BoolArray:
+    return np.array([
+        (p.pools is None or ep.pool in p.pools)
+        and (p.vendors is None or ep.vendor in p.vendors)
+        and (p.accelerators is None or ep.accelerator in p.accelerators)
+        and (p.engines is None or ep.engine in p.engines)
+        and all(ep.labels.get(key) == value for key, value in p.labels.items())
+        for ep in endpoints], dtype=bool)
 
 
 class MaxQueueParams(BaseModel):
@@ -52,12 +55,19 @@ def max_queue(inp: ScoringInput, p: MaxQueueParams) -> BoolArray:
     return np.asarray(inp.col("queued") <= p.max)
 
 
-def context_fit(inp: ScoringInput, _: object) -> BoolArray:
-    return np.asarray(inp.est.fits_context > 0)
+def context_fit(inp: ScoringInput, _: object) -> BoolArray | None:
+    if inp.req.prompt_tokens_estimate + (inp.req.max_tokens or DEFAULT_MAX_TOKENS) <= per_fleet(
+            inp.snap.endpoints, inp.snap.static, _shortest_context):
+        return None  # fits the shortest context in the fleet: no need to look further
+    return inp.est.fits_context
+
+
+def _shortest_context(endpoints: tuple[EndpointInfo, ...], static: FloatArray) -> float:
+    return float(static[STATIC_ROW["max_model_len"]].min()) if len(endpoints) else 0.0
 
 
 def meets_slo(inp: ScoringInput, _: object) -> BoolArray:
-    return np.asarray(inp.est.meets_slo > 0)
+    return inp.est.meets_slo
 
 
 class MaxCostParams(BaseModel):

@@ -9,6 +9,8 @@ May touch: numpy. Must not touch: I/O.
 
 from __future__ import annotations
 
+import numpy as np
+
 from fleetgate.routing.plugins.base import ScoringInput, normalise_min_over
 from fleetgate.routing.types import FloatArray
 
@@ -18,4 +20,4 @@ def latency(inp: ScoringInput, _: object) -> FloatArray:
 
 
 def slo(inp: ScoringInput, _: object) -> FloatArray:
-    return inp.est.meets_slo
+    return np.asarray(inp.est.meets_slo, dtype=float)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fleetgate.routing.plugins.base import ScoringInput
+from fleetgate.routing.plugins.base import ScoringInput, normalise_max_over
 from fleetgate.routing.types import FloatArray
 
 
@@ -23,6 +23,4 @@ def queue(inp: ScoringInput, _: object) -> FloatArray:
 
 
 def kv_headroom(inp: ScoringInput, _: object) -> FloatArray:
-    free = inp.est.kv_headroom_tokens
-    best = free[inp.mask].max() if inp.mask.any() else 0.0
-    return np.asarray(free / best) if best > 0 else np.zeros_like(free)
+    return normalise_max_over(inp.est.kv_headroom_tokens, inp.mask)
