@@ -98,16 +98,19 @@ def test_live_state_counts_and_scrapes() -> None:
     live.on_dispatch(i, 1.0)
     live.on_dispatch(i, 1.0)
     snap = live.snapshot(1.0)
-    assert snap.col("in_flight")[i] == 2 and snap.col("queued")[i] == 2
+    assert live.column("in_flight")[i] == 2 and snap.col("queued")[i] == 2
     live.on_scrape(i, 2.0, waiting=5, running=3, kv_usage=0.5, gen_tokens_total=1000,
                    gen_throughput=None)
     live.on_scrape(i, 3.0, waiting=1, running=3, kv_usage=0.4, gen_tokens_total=1600,
                    gen_throughput=None)
     snap2 = live.snapshot(3.0)
-    assert snap2.col("queued")[i] == 1 and snap2.col("running")[i] == 3
-    assert snap2.col("tokens_per_s")[i] == pytest.approx(600)
+    assert snap2.col("queued")[i] == 1 and live.column("running")[i] == 3
+    assert live.column("tokens_per_s")[i] == pytest.approx(600)
     assert snap.col("queued")[i] == 2  # an earlier snapshot never changes
     live.on_first_token(i, 0.2, 0.1)
     assert live.value(i, "k_ttft") > 1.0
     live.expire_scrapes(100.0)
-    assert np.isnan(live.snapshot(100.0).col("running")[i])
+    assert np.isnan(live.column("running")[i])
+    assert live.snapshot(100.0).col("active")[i] == 2  # our own in-flight requests remain
+    with pytest.raises(KeyError):
+        live.snapshot(100.0).col("running")  # not a routed column

@@ -57,9 +57,9 @@ def random_fleet(rng: random.Random, n: int) -> LiveFleet:
     return live
 
 
-def reference(snap, i: int, req: RoutingRequest, slo: Slo) -> dict[str, float]:  # type: ignore[no-untyped-def]
-    """estimate.py's docstring, one endpoint at a time, in plain floats."""
-    col = lambda name: float(snap.col(name)[i])  # noqa: E731
+def reference(live: LiveFleet, i: int, req: RoutingRequest, slo: Slo) -> dict[str, float]:
+    """estimate.py's docstring, one endpoint at a time, in plain floats, from the raw state."""
+    col = lambda name: float(live.column(name)[i])  # noqa: E731
     n, g = float(req.prompt_tokens_estimate), float(req.max_tokens or DEFAULT_MAX_TOKENS)
     ctx = n + g / 2
     active = max(col("in_flight") + col("peer_in_flight"),
@@ -102,7 +102,7 @@ def test_kernel_matches_the_documented_formulas(seed: int) -> None:
                              max_tokens=rng.choice([None, 1, 300, 6000]))
         got = Estimates(snap, idx, req, slo).as_dict()
         for k, i in enumerate(idx):
-            want = reference(snap, int(i), req, slo)
+            want = reference(live, int(i), req, slo)
             for name, value in want.items():
                 assert got[name][k] == pytest.approx(value, rel=1e-9), (name, int(i), slo)
 
@@ -114,8 +114,8 @@ def test_prefilter_matches_health_breakers_and_staleness() -> None:
         snap = live.snapshot(now)
         idx = np.arange(len(snap.endpoints))
         ok, count = Estimates(snap, idx, request(), Slo()).prefilter()
-        health, contact = snap.col("health"), snap.col("last_contact")
-        block = np.fmax(snap.col("block_until"), snap.col("peer_block_until"))
+        health, contact = live.column("health"), live.column("last_contact")
+        block = np.fmax(live.column("block_until"), live.column("peer_block_until"))
         want = ((health != HEALTH_CODES["not_ready"]) & (block <= now)
                 & ((contact >= now - live.stale_after_s) | (health == HEALTH_CODES["pending"])))
         assert ok.tolist() == want.tolist() and count == int(want.sum())
@@ -153,16 +153,16 @@ def test_derived_rows_follow_every_event() -> None:
             live.on_peers(i, rng.randint(0, 5), rng.choice([0.0, now + 3]))
         else:
             live.expire_scrapes(now + 30)
-        snap = live.snapshot(now)
-        running = np.nan_to_num(snap.col("running"), nan=-1.0)
-        active = np.fmax(snap.col("in_flight") + snap.col("peer_in_flight"),
-                         np.where(running < 0, -1.0, running + snap.col("queued")))
+        snap, col = live.snapshot(now), live.column
+        running = np.nan_to_num(col("running"), nan=-1.0)
+        active = np.fmax(col("in_flight") + col("peer_in_flight"),
+                         np.where(running < 0, -1.0, running + col("queued")))
         assert snap.col("active").tolist() == active.tolist(), event
-        health = snap.col("health")
+        health = col("health")
         usable_from = np.where(health == HEALTH_CODES["not_ready"], np.inf,
-                               np.fmax(snap.col("block_until"), snap.col("peer_block_until")))
+                               np.fmax(col("block_until"), col("peer_block_until")))
         stale_at = np.where(health == HEALTH_CODES["pending"], np.inf,
-                            snap.col("last_contact") + live.stale_after_s)
+                            col("last_contact") + live.stale_after_s)
         assert snap.col("usable_from").tolist() == usable_from.tolist(), event
         assert snap.col("stale_at").tolist() == stale_at.tolist(), event
 

@@ -130,6 +130,7 @@ def _kernel(live: FloatArray, static: FloatArray, live_in: IntArray, static_in: 
 
 @numba.njit(cache=True)
 def _usable(live: FloatArray, rows: IntArray, idx: IntArray, now: float, out: BoolArray) -> int:
+    """out[j] = usable_from <= now <= stale_at for candidate j; returns how many are."""
     count = 0
     for j in range(idx.shape[0]):
         out[j] = live[rows[0], idx[j]] <= now <= live[rows[1], idx[j]]
@@ -140,8 +141,9 @@ def _usable(live: FloatArray, rows: IntArray, idx: IntArray, now: float, out: Bo
 class Estimates:
     """Lazily computed predictions, aligned with the candidate indices ``idx``.
 
-    The prefilter and context checks are numpy one-liners; everything else comes from one
-    kernel call the first time any of it is read (round-robin decisions never pay for it).
+    The prefilter is one compiled call and the context check one numpy comparison; every
+    estimate comes from one kernel call the first time any of them is read (round-robin
+    decisions never pay for it).
     """
 
     def __init__(self, snap: Snapshot, idx: IntArray, req: RoutingRequest, slo: Slo) -> None:

@@ -42,7 +42,9 @@ from fleetgate.routing.types import (
     HEALTH_CODES,
     LIVE_COLUMNS,
     LIVE_ROW,
+    ROUTED_COLUMNS,
     STATIC_COLUMNS,
+    STATIC_ROW,
     EndpointInfo,
     Snapshot,
     finite_or_none,
@@ -51,6 +53,7 @@ from fleetgate.routing.types import (
 ALPHA = 0.2
 K_LIMITS = (0.02, 50.0)
 _ROW = LIVE_ROW
+_ROUTED = len(ROUTED_COLUMNS)
 _IN_FLIGHT, _PEER_IN_FLIGHT = _ROW["in_flight"], _ROW["peer_in_flight"]
 _RUNNING, _QUEUED, _ACTIVE = _ROW["running"], _ROW["queued"], _ROW["active"]
 _HEALTH, _BLOCK, _PEER_BLOCK = _ROW["health"], _ROW["block_until"], _ROW["peer_block_until"]
@@ -105,7 +108,13 @@ class LiveFleet:
 
     # -- reading -------------------------------------------------------------------------
     def snapshot(self, now: float) -> Snapshot:
-        return Snapshot(self.endpoints, self._by_model, self._live.copy(), self._static, now)
+        return Snapshot(self.endpoints, self._by_model, self._live[:_ROUTED].copy(),
+                        self._static, now)
+
+    def column(self, name: str) -> Any:
+        """A copy of one live or static column now (for metrics and tests)."""
+        row = _ROW.get(name)
+        return (self._live[row] if row is not None else self._static[STATIC_ROW[name]]).copy()
 
     def value(self, i: int, name: str) -> float:
         return float(self._live[_ROW[name], i])

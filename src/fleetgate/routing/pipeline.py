@@ -58,6 +58,11 @@ class Pipeline:
     slo: Slo = field(default_factory=Slo)
     prefer_slo: bool = False
     max_attempts: int = 3
+    _weights: list[float] = field(init=False, repr=False)  # scorer weights over their sum
+
+    def __post_init__(self) -> None:
+        weight = sum(s.weight for s in self.scorers)
+        self._weights = [s.weight / weight for s in self.scorers] if weight > 0 else []
 
     def route(self, req: RoutingRequest, snap: Snapshot) -> Decision:
         idx = snap.by_model.get(req.model)
@@ -90,15 +95,14 @@ class Pipeline:
     def _total(self, scores: dict[str, Any], est: Estimates, alive: Any,
                left: int) -> tuple[Any, str, bool]:
         """The weighted score, in [0,1]; with an SLO preference, in [0,2] (see the module)."""
-        weight = sum(s.weight for s in self.scorers)
-        if weight <= 0:
+        if not self._weights:
             total = np.zeros(len(alive))
         elif len(self.scorers) == 1:
             total = scores[self.scorers[0].name]
         else:
-            total = scores[self.scorers[0].name] * (self.scorers[0].weight / weight)
-            for s in self.scorers[1:]:
-                total += scores[s.name] * (s.weight / weight)
+            total = scores[self.scorers[0].name] * self._weights[0]
+            for s, w in zip(self.scorers[1:], self._weights[1:], strict=True):
+                total += scores[s.name] * w
         if not self.prefer_slo:
             return total, f"{self.name}: best weighted score", False
         meets = est.meets_slo & alive

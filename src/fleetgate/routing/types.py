@@ -66,10 +66,12 @@ class EndpointInfo:
     gpus_per_replica: int = 1
 
 
-LIVE_COLUMNS = ("in_flight", "queued", "running", "kv_usage", "ttft_s", "tpot_s",
-                "tokens_per_s", "k_tpot", "k_ttft", "health", "block_until", "last_contact",
-                "error_rate", "peer_in_flight", "peer_block_until",
-                "active", "usable_from", "stale_at")
+# The live rows a decision reads (and a snapshot copies), then the ones it does not.
+ROUTED_COLUMNS = ("active", "queued", "kv_usage", "k_tpot", "k_ttft", "health", "usable_from",
+                  "stale_at")
+LIVE_COLUMNS = (
+    *ROUTED_COLUMNS, "in_flight", "running", "ttft_s", "tpot_s", "tokens_per_s", "block_until",
+    "last_contact", "error_rate", "peer_in_flight", "peer_block_until")
 STATIC_COLUMNS = ("step_base_s", "step_per_ctx_token_s", "prefill_s_per_token",
                   "kv_capacity_tokens", "max_batch", "max_model_len", "usd_per_s")
 LIVE_ROW = {name: i for i, name in enumerate(LIVE_COLUMNS)}
@@ -78,21 +80,19 @@ STATIC_ROW = {name: i for i, name in enumerate(STATIC_COLUMNS)}
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """The fleet at one instant. Matrix columns are indexed like ``endpoints``.
+    """The fleet at one instant, as the router reads it. Columns are indexed like ``endpoints``.
 
-    ``live`` (a copy, one row per LIVE_COLUMNS name; NaN = unknown): ``in_flight`` (this
-    gateway's dispatched, unfinished requests), ``queued`` (engine waiting queue from the
-    last scrape plus dispatches since), ``running``, ``kv_usage`` (0..1), ``ttft_s``/``tpot_s``
-    (measured EWMAs), ``tokens_per_s`` (measured output throughput), ``k_tpot``/``k_ttft``
-    (learned corrections of the prior), ``health`` (HEALTH_CODES), ``block_until`` (breaker),
-    ``last_contact``, ``error_rate``, ``peer_in_flight``/``peer_block_until`` (what the other
-    gateway replicas report: their in-flight requests and breakers). Three rows are derived
-    from those by ``LiveFleet`` as they change, so a decision does not recompute them over the
-    whole fleet: ``active`` (max(in_flight + peer_in_flight, running + queued)),
-    ``usable_from`` (when the breakers let requests through again; +inf while not ready) and
-    ``stale_at`` (when the endpoint's state goes stale; +inf while pending). ``static``
-    (read-only, one row per STATIC_COLUMNS name): the performance prior and the replica's
-    price per second.
+    ``live`` (a copy, one row per ROUTED_COLUMNS name; NaN = unknown): ``active`` (requests
+    on the endpoint: max(this gateway's in-flight + the other replicas', the engine's running
+    + queued)), ``queued`` (engine waiting queue from the last scrape plus dispatches since),
+    ``kv_usage`` (0..1), ``k_tpot``/``k_ttft`` (learned corrections of the prior), ``health``
+    (HEALTH_CODES), ``usable_from`` (when the breakers, ours and the peers', let requests
+    through again; +inf while not ready) and ``stale_at`` (when the state goes stale; +inf
+    while pending). ``LiveFleet`` keeps the derived ones current as events arrive, so a
+    decision never recomputes them over the fleet, and copies only these rows (the copy is
+    a fixed cost of every decision). The other live columns (in-flight, running, measured
+    EWMAs, breaker times, peers) are read from ``LiveFleet.column``. ``static`` (read-only,
+    one row per STATIC_COLUMNS name): the performance prior and the replica's $/s.
     """
 
     endpoints: tuple[EndpointInfo, ...]
@@ -103,7 +103,12 @@ class Snapshot:
 
     def col(self, name: str) -> Any:
         row = LIVE_ROW.get(name)
-        return self.live[row] if row is not None else self.static[STATIC_ROW[name]]
+        if row is None:
+            return self.static[STATIC_ROW[name]]
+        if row >= len(self.live):
+            raise KeyError(f"{name!r} is not in a snapshot (ROUTED_COLUMNS); "
+                           "read LiveFleet.column")
+        return self.live[row]
 
     def unusable_reason(self, i: int) -> str:
         """Why the builtin prefilter drops endpoint ``i`` at ``taken_at``."""

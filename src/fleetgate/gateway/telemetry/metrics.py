@@ -103,18 +103,18 @@ class FleetCollector:
         fleet = self._fleet()
         families = self._families()
         by_name: dict[str, Any] = {f.name: f for f in families}
-        snap = fleet.snapshot()
+        columns = {column: fleet.live.column(column) for _, column, _ in _GAUGES}
         for i, ep in enumerate(fleet.endpoints):
             labels = [ep.id, ep.pool]
             by_name[n.M_EP_INFO].add_metric(
                 [ep.id, ep.pool, ep.accelerator, ep.vendor, ep.engine.name, ep.runtime], 1.0)
             for name, column, _ in _GAUGES:
-                _add(by_name[name], labels, float(snap.col(column)[i]))
+                _add(by_name[name], labels, float(columns[column][i]))
             st = fleet.live.stats[i]
             _add(by_name[n.M_EP_READY], labels, float(st.health.state == "ready"))
             _add(by_name[n.M_EP_BREAKER], labels, float(n.BREAKER_CODES[st.breaker.state]))
             _add(by_name[n.M_EP_PRICE], labels, ep.price_per_replica_hour)
-            tps = float(snap.col("tokens_per_s")[i])
+            tps = float(columns["tokens_per_s"][i])
             if tps > 0:
                 _add(by_name[n.M_EP_USD_PER_MTOK], labels,
                      ep.price_per_replica_hour / 3600.0 / tps * 1e6)
