@@ -180,6 +180,25 @@ async def test_invalid_reload_keeps_the_old_config_serving(tmp_path: Path) -> No
         assert raw.headers["x-fleetgate-policy"] == "fastest"
 
 
+async def test_reload_keeps_what_the_router_learned(tmp_path: Path) -> None:
+    async with inproc_gateway(_cheapest_meeting_slo_fleet(), tmp_path) as (url, state):
+        client = _client(url)
+        for _ in range(5):
+            await _stream(client, "llama-3.1-8b", 8)
+        cheap, mid = "h100-cheap-0", "h100-mid-0"
+        before = {e["id"]: e for e in (await _get(url + "/admin/endpoints")).json()["endpoints"]}
+        assert before[cheap]["requests"] == 5 and before[cheap]["k_tpot"] != 1.0
+        path = state.settings.config_path
+        assert path is not None
+        path.write_text(path.read_text().replace("price_per_gpu_hour: 2.5",
+                                                 "price_per_gpu_hour: 2.4"))
+        assert (await _post(url + "/admin/reload")).status_code == 200
+        after = {e["id"]: e for e in (await _get(url + "/admin/endpoints")).json()["endpoints"]}
+        assert after[mid]["usd_per_s"] == pytest.approx(2.4 / 3600, abs=1e-6)  # new price
+        for key in ("requests", "k_tpot", "k_ttft", "tpot_s", "health", "breaker"):
+            assert after[cheap][key] == before[cheap][key], key  # and nothing was forgotten
+
+
 @pytest.mark.parametrize("policy", ["round_robin", "power_of_two"])
 async def test_killed_endpoint_fails_over_opens_breaker_and_recovers(
         tmp_path: Path, policy: str) -> None:

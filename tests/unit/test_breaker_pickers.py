@@ -114,3 +114,50 @@ def test_live_state_counts_and_scrapes() -> None:
     assert live.snapshot(100.0).col("active")[i] == 2  # our own in-flight requests remain
     with pytest.raises(KeyError):
         live.snapshot(100.0).col("running")  # not a routed column
+
+
+def test_a_new_generation_inherits_live_state_by_url() -> None:
+    old = make_fleet()  # breaker threshold 3, cooldown 5 s
+    teach, tripped, probing, busy = (old.index[f"{p}-0"] for p in (
+        "mi300x-sglang", "mi355x-vllm", "h100-vllm", "h200-sglang"))
+    for _ in range(5):  # answers 3x slower than predicted
+        old.on_dispatch(teach, 1.0)
+        old.on_finish(teach, 1.5, 10, 0.5, tpot_s=0.03, predicted_tpot_s=0.01)
+    for _ in range(3):
+        old.on_dispatch(tripped, 6.0)
+        old.on_failure(tripped, 6.0)
+        old.on_dispatch(probing, 1.0)
+        old.on_failure(probing, 1.0)
+        old.on_dispatch(busy, 1.0)
+        old.on_finish(busy, 1.5, 10, 0.5, tpot_s=0.05, predicted_tpot_s=0.01)
+    old.on_dispatch(probing, 7.0)  # half-open: its probe request is in the old generation
+    for _ in range(4):
+        old.on_dispatch(busy, 8.0)
+    old.on_scrape(busy, 8.0, waiting=1, running=2, kv_usage=0.3, gen_tokens_total=500,
+                  gen_throughput=None)
+    assert old.stats[probing].breaker.state == "half_open"
+    # h200 -> b200 behind the same URL: a new prior, so its corrections do not apply
+    rows = [("mi300x-sglang", "mi300x", "amd", "sglang", 1.5),  # only the price changed
+            ("mi355x-vllm", "mi355x", "amd", "vllm", 2.90),
+            ("h100-vllm", "h100", "nvidia", "vllm", 2.95),
+            ("h200-sglang", "b200", "nvidia", "sglang", 6.0),
+            ("newcomer", "h100", "nvidia", "vllm", 2.95)]
+    new = make_fleet(rows, ready=False)
+    assert new.inherit(old, now=9.0) == 4
+    assert new.value(teach, "k_tpot") == old.value(teach, "k_tpot") > 1.5
+    assert new.stats[teach].requests == 5 and new.stats[teach].health.state == "ready"
+    assert new.stats[tripped].breaker.state == "open"
+    snap = new.snapshot(9.0)
+    assert snap.col("usable_from")[tripped] == 6.0 + 5.0  # still cooling down
+    assert new.stats[probing].breaker.state == "open"  # may probe again at once
+    assert snap.col("usable_from")[probing] == 9.0
+    assert new.column("in_flight")[busy] == 0  # those requests finish on the old fleet
+    assert snap.col("active")[busy] == 3  # the engine's running + queued stands for them
+    assert new.value(busy, "k_tpot") == 1.0 and old.value(busy, "k_tpot") > 1.5
+    assert new.column("tpot_s")[busy] == old.column("tpot_s")[busy] == pytest.approx(0.05)
+    newcomer = new.index["newcomer-0"]
+    assert new.stats[newcomer].health.state == "pending" and new.stats[newcomer].requests == 0
+    old.stats[teach].tpot_window.append(99.0)
+    old.stats[teach].breaker.on_failure(10.0)
+    assert 99.0 not in new.stats[teach].tpot_window  # copies, not shared
+    assert new.stats[teach].breaker.consecutive_failures == 0

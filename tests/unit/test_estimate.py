@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -20,7 +21,13 @@ from routing_fixtures import MODEL, SERVED, make_fleet, pipeline, request
 from fleetgate.routing import EndpointInfo, LiveFleet, RoutingRequest, endpoint_prior
 from fleetgate.routing.estimate import DEFAULT_MAX_TOKENS, SLO_HEADROOM, Estimates, Slo
 from fleetgate.routing.plugins.base import normalise_max_over, normalise_min_over
-from fleetgate.routing.plugins.pickers import PowerOfTwo, RoundRobin, top_k
+from fleetgate.routing.plugins.pickers import (
+    MaxScore,
+    PowerOfTwo,
+    RoundRobin,
+    WeightedRandom,
+    top_k,
+)
 from fleetgate.routing.types import HEALTH_CODES
 
 GPUS = ["mi300x", "mi325x", "mi355x", "h100", "h200", "b200", "cpu-test-box"]
@@ -184,7 +191,8 @@ def test_top_k_is_argsort_with_ties_by_position() -> None:
 @pytest.mark.parametrize(("values", "mask", "lowest", "highest"), [
     ([2.0, 4.0, 8.0], [1, 1, 1], [1.0, 0.5, 0.25], [0.25, 0.5, 1.0]),
     ([2.0, 4.0, 8.0], [0, 1, 1], [0.0, 1.0, 0.5], [0.0, 0.5, 1.0]),  # masked: 0, not the best
-    ([0.0, 4.0, 0.0], [1, 1, 1], [1.0, 0.0, 1.0], [0.0, 1.0, 0.0]),  # free endpoints win
+    ([0.0, 4.0, 0.0, 8.0], [1, 1, 1, 1], [1.0, 0.5, 1.0, 0.25],  # free ones win, the paid
+     [0.0, 0.5, 0.0, 1.0]),                                     # keep their order below
     ([math.inf, 4.0, math.nan], [1, 1, 1], [0.0, 1.0, 0.0], [0.0, 0.0, 0.0]),
     ([math.inf, math.inf], [1, 1], [0.0, 0.0], [0.0, 0.0]),  # nobody can: all 0
     ([-1.0, 3.0], [1, 1], [0.0, 1.0], [0.0, 1.0]),  # negative: unusable
@@ -233,3 +241,56 @@ def test_select_filter_is_recomputed_for_a_new_fleet() -> None:
                              ("y", "h100", "amd", "vllm", 1.0)])
     second = pipe.route(request(), relabelled.snapshot(1))
     assert [c.endpoint.pool for c in second.ranked] == ["x"]
+
+
+def test_b_max_is_exact_when_the_kv_cache_holds_a_whole_number_of_requests() -> None:
+    prior = endpoint_prior("mi325x", SERVED)
+    for whole in (49, 52505):  # n + g; 49 * (1/49) < 1 in floating point
+        batches = range(1, 256)
+        infos = [EndpointInfo(f"e{q}", "p", f"http://e{q}", "vllm", "mi325x", "amd",
+                              {MODEL: SERVED}, {}, 1.0) for q in batches]
+        live = LiveFleet(infos, [replace(prior, kv_capacity_tokens=float(whole * q))
+                                 for q in batches])
+        snap = live.snapshot(0.0)
+        req = RoutingRequest(model=MODEL, prompt_chars=0, max_tokens=whole - 8)
+        assert Estimates(snap, snap.by_model[MODEL], req, Slo()).b_max.tolist() == list(batches)
+
+
+def test_pickers_asked_for_one_or_none() -> None:
+    rank = np.array([0.2, 0.9, 0.5])
+    assert top_k(rank, 0).tolist() == [] and top_k(rank, -1).tolist() == []
+    for picker in (WeightedRandom(seed=1), PowerOfTwo(seed=1), RoundRobin(), MaxScore(seed=1)):
+        for _ in range(50):
+            assert len(picker.order(rank, 1)) == 1
+    d = pipeline("least_loaded", picker="weighted_random", max_attempts=1).route(
+        request(), make_fleet().snapshot(1))
+    assert len(d.order) == 1
+
+
+def test_a_snapshot_cannot_be_changed() -> None:
+    snap = make_fleet().snapshot(1.0)
+    with pytest.raises(ValueError):
+        snap.live[0, 0] = 1.0
+    with pytest.raises(ValueError):
+        snap.col("queued")[0] = 1.0
+
+
+def test_compiled_falls_back_to_memory_when_numba_cannot_cache(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import numba
+
+    from fleetgate.routing import compiled as module
+
+    real = numba.njit
+
+    def njit(**options: object):  # type: ignore[no-untyped-def]
+        if options.get("cache"):
+            raise RuntimeError("cannot cache function 'f': no locator available for file 'x'")
+        return real(**options)
+
+    monkeypatch.setattr(module.numba, "njit", njit)
+
+    def double(x: float) -> float:
+        return x * 2
+
+    assert module.compiled(double)(2.5) == 5.0

@@ -46,10 +46,16 @@ class Fleet:
         self.collector: Collector | None = None
         self._task: asyncio.Task[None] | None = None
 
-    async def start(self, adopt: dict[str, EmulatorHandle] | None = None) -> None:
-        """Start emulated engines (adopting running ones), probe once, start collecting."""
+    async def start(self, adopt: dict[str, EmulatorHandle] | None = None,
+                    inherit: LiveFleet | None = None) -> None:
+        """Start emulated engines (adopting running ones), take over what the previous
+        generation's live state knew (``LiveFleet.inherit``), probe once, start collecting."""
         await self._start_emulators(adopt or {})
         self.live = self._build_live()
+        if inherit is not None:
+            carried = self.live.inherit(inherit, self.clock())
+            log.info("live state of %d of %d endpoints carried over", carried,
+                     len(self.endpoints))
         self.collector = Collector(self.endpoints, self.live, self._http, lambda: self.clock())
         await self.collector.tick()
         self._task = asyncio.create_task(self.collector.run(self._interval),

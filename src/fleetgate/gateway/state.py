@@ -5,8 +5,9 @@ never global. ``generation`` (config + fleet + router) is replaced as one refere
 reload: requests already routed finish on the generation they started with.
 
 Reload: load and validate the file, build every policy pipeline, start the new fleet
-(adopting the emulated engines that are still configured, probing every endpoint once),
-then swap and stop the old fleet. Any failure before the swap leaves the running
+(adopting the emulated engines that are still configured, taking over the live state of
+the endpoints that are still there, probing every endpoint once), then swap and stop the
+old fleet. Any failure before the swap leaves the running
 generation serving and is reported with its YAML paths.
 
 May touch: config loader, routing builders, gateway services. Must not touch: HTTP routes.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 
 import httpx
@@ -91,8 +93,7 @@ class AppState:
     async def _apply(self, config: FleetConfig) -> None:
         effective = merge(config, list(self.registrations.values()))
         old = self.generation
-        gen = await build_generation(effective, self.settings, self.http,
-                                     adopt=old.fleet.emulators)
+        gen = await build_generation(effective, self.settings, self.http, previous=old.fleet)
         self.generation, self.config = gen, config
         self.models = frozenset(effective.public_models())
         self.keys = KeyTable(config.auth)
@@ -100,13 +101,20 @@ class AppState:
 
 
 async def build_generation(config: FleetConfig, settings: Settings, http: httpx.AsyncClient,
-                           router: Router | None = None, adopt: dict | None = None) -> Generation:
+                           router: Router | None = None,
+                           previous: Fleet | None = None) -> Generation:
+    """A new generation; ``previous`` (a reload) hands over its emulated engines, its live
+    state and its clock."""
     try:
         router = router or build_router(config)
     except PolicyError as exc:
         raise ConfigError(str(settings.config_path or "config"), exc.errors) from None
     fleet = Fleet(config, http, interval_s=settings.health_interval_s,
-                  stale_after_s=settings.stale_after_s)
-    await fleet.start(adopt)
+                  stale_after_s=settings.stale_after_s,
+                  clock=previous.clock if previous else time.monotonic)
+    if previous is None:
+        await fleet.start()
+    else:
+        await fleet.start(previous.emulators, previous.live)
     attempts = {name: p.max_attempts for name, p in config.policies.items()}
     return Generation(fleet, router, attempts)

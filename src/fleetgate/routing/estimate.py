@@ -1,8 +1,8 @@
 """Per-candidate predictions for one request: TTFT, TPOT, SLO capacity and $/Mtok.
 
-Vectorised over the candidate endpoints and lazy: each value is computed the first time a
-filter, scorer or the explainer asks for it, so a round-robin decision pays for almost
-nothing. With the prior of ``prior.py`` corrected by the learned ``k_tpot``/``k_ttft``:
+One compiled pass over the candidate endpoints, run the first time a filter, scorer or
+the explainer asks for any estimate, so a round-robin decision never pays for it. With the
+prior of ``prior.py`` corrected by the learned ``k_tpot``/``k_ttft``:
 
     n      = prompt tokens (estimate), g = max_tokens (256 when absent), C = n + g/2
     active = max(in_flight + peers' in_flight, running + queued)   (ours are exact, the
@@ -22,8 +22,9 @@ nothing. With the prior of ``prior.py`` corrected by the learned ``k_tpot``/``k_
     meets_slo = tpot <= 0.8 * slo_tpot and ttft <= 0.8 * slo_ttft   (20% headroom: the
              predictions are averages, the SLO is judged per request)
 
-Each line is a handful of whole-column numpy operations: a decision costs about the same
-at 10 and at 1,000 endpoints (BENCHMARKS.md, "Routing decision time").
+The loop (numba) costs ~10 ns a candidate; as whole-column numpy operations the same
+formulas took ~60 calls whose fixed cost dominated a decision at any fleet size
+(BENCHMARKS.md, "Routing decision time").
 
 May touch: numpy and routing types. Must not touch: I/O, clocks.
 """
@@ -34,9 +35,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-import numba
 import numpy as np
 
+from fleetgate.routing.compiled import compiled
 from fleetgate.routing.types import (
     LIVE_ROW,
     STATIC_ROW,
@@ -87,25 +88,24 @@ KERNEL_ROWS = ("b_max", "tpot_s", "ttft_s", "e2e_s", "slo_capacity", "usd_per_mt
                "kv_headroom_tokens")
 
 
-@numba.njit(cache=True, error_model="numpy")  # IEEE inf/nan, never an exception
+@compiled
 def _kernel(live: FloatArray, static: FloatArray, live_in: IntArray, static_in: IntArray,
             idx: IntArray, n: float, g: float, tpot_limit: float, ttft_limit: float,
             out: FloatArray, meets: BoolArray) -> None:
     """The module docstring's formulas for candidates ``idx``, one pass (compiled by numba).
 
-    Limits are the SLO times the headroom, +inf without that SLO. A loop here costs about a
-    tenth of the same formulas as whole-column numpy operations, whose fixed cost per call
-    (~0.5-1 us, ~60 calls) dominated a decision at any fleet size.
+    Limits are the SLO times the headroom, +inf without that SLO (then not compared, so an
+    unknown prediction does not fail an SLO nobody set).
     """
     active_r, queued_r, kv_usage_r, k_tpot_r, k_ttft_r = live_in
     base_r, per_ctx_r, prefill_r, kv_cap_r, max_batch_r, usd_r = static_in
     ctx = n + g / 2
-    per_request = 1.0 / (n + g)
+    full = n + g
     for j in range(idx.shape[0]):
         i = idx[j]
         active, k_tpot = live[active_r, i], live[k_tpot_r, i]
         base, ctx_cost, cap = static[base_r, i], static[per_ctx_r, i] * ctx, static[kv_cap_r, i]
-        b_max = max(np.floor(min(static[max_batch_r, i], cap * per_request)), 1.0)
+        b_max = max(np.floor(min(static[max_batch_r, i], cap / full)), 1.0)
         tpot = k_tpot * (base + ctx_cost * min(active + 1.0, b_max))
         wait = np.floor(active / b_max) * tpot * g
         prefill = static[prefill_r, i] * n * (live[queued_r, i] + 1.0)
@@ -125,10 +125,11 @@ def _kernel(live: FloatArray, static: FloatArray, live_in: IntArray, static_in: 
                      if batch > 0 else np.inf)  # $/s over tokens/s at the SLO batch
         out[6, j] = active / max(batch, 1.0)
         out[7, j] = (1.0 - usage) * cap
-        meets[j] = tpot <= tpot_limit and ttft <= ttft_limit
+        meets[j] = ((tpot_limit == np.inf or tpot <= tpot_limit)
+                    and (ttft_limit == np.inf or ttft <= ttft_limit))
 
 
-@numba.njit(cache=True)
+@compiled
 def _usable(live: FloatArray, rows: IntArray, idx: IntArray, now: float, out: BoolArray) -> int:
     """out[j] = usable_from <= now <= stale_at for candidate j; returns how many are."""
     count = 0
@@ -233,7 +234,8 @@ def _warm_up() -> None:
     """Compile (or load from numba's cache) now, not on the first request."""
     live = np.zeros((len(LIVE_ROW), 1))
     static = np.ones((len(STATIC_ROW), 1))
-    static.setflags(write=False)  # as LiveFleet's: numba compiles per array flavour
+    for matrix in (live, static):  # read-only, as a snapshot's: numba compiles per flavour
+        matrix.setflags(write=False)
     one = np.zeros(1, dtype=np.intp)
     _kernel(live, static, _LIVE_IN, _STATIC_IN, one, 1.0, 1.0, 1.0, np.inf,
             np.empty((len(KERNEL_ROWS), 1)), np.empty(1, dtype=bool))

@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -60,6 +60,14 @@ _HEALTH, _BLOCK, _PEER_BLOCK = _ROW["health"], _ROW["block_until"], _ROW["peer_b
 _CONTACT, _USABLE_FROM, _STALE_AT = _ROW["last_contact"], _ROW["usable_from"], _ROW["stale_at"]
 _NOT_READY, _PENDING = HEALTH_CODES["not_ready"], HEALTH_CODES["pending"]
 _NOT_DESCRIBED = ("health", "block_until", "last_contact", "usable_from", "stale_at")
+# What a new generation takes over from the old one for an endpoint at the same URL: what
+# the engine is doing and how it has behaved. The corrections of the prior only carry over
+# when the prior is the same (same GPU, model, TP, speed).
+_CARRIED = ("queued", "running", "kv_usage", "ttft_s", "tpot_s", "tokens_per_s", "health",
+            "block_until", "last_contact", "error_rate", "peer_in_flight", "peer_block_until")
+_CORRECTIONS = ("k_tpot", "k_ttft")
+_PRIOR_ROWS = [STATIC_ROW[name] for name in ("step_base_s", "step_per_ctx_token_s",
+                                             "prefill_s_per_token")]
 
 
 @dataclass(slots=True)
@@ -108,8 +116,9 @@ class LiveFleet:
 
     # -- reading -------------------------------------------------------------------------
     def snapshot(self, now: float) -> Snapshot:
-        return Snapshot(self.endpoints, self._by_model, self._live[:_ROUTED].copy(),
-                        self._static, now)
+        live = self._live[:_ROUTED].copy()
+        live.setflags(write=False)  # no plugin can change what a decision was made on
+        return Snapshot(self.endpoints, self._by_model, live, self._static, now)
 
     def column(self, name: str) -> Any:
         """A copy of one live or static column now (for metrics and tests)."""
@@ -121,6 +130,41 @@ class LiveFleet:
 
     def ready_count(self) -> int:
         return int(np.count_nonzero(self._live[_ROW["health"]] == HEALTH_CODES["ready"]))
+
+    def inherit(self, old: LiveFleet, now: float) -> int:
+        """Take over what ``old`` (the previous config's fleet) knew about the endpoints that
+        are still here, matched by URL: health, breaker, scraped load, measured rates and
+        (same prior only) the learned corrections, so a reload or a worker joining does not
+        make the router forget. In-flight counts stay with ``old``: its requests finish
+        there, and the engine's scraped running + queued stands for them until the next
+        scrape. Returns how many endpoints carried over."""
+        by_url = {ep.url: j for j, ep in enumerate(old.endpoints)}
+        carried = 0
+        for i, ep in enumerate(self.endpoints):
+            j = by_url.get(ep.url)
+            if j is None:
+                continue
+            rows = [_ROW[name] for name in _CARRIED]
+            if np.array_equal(old._static[_PRIOR_ROWS, j], self._static[_PRIOR_ROWS, i]):
+                rows += [_ROW[name] for name in _CORRECTIONS]
+            self._live[rows, i] = old._live[rows, j]
+            was = old.stats[j]
+            breaker = CircuitBreaker(self.stats[i].breaker.failure_threshold,
+                                     self.stats[i].breaker.cooldown_s, was.breaker.state,
+                                     was.breaker.consecutive_failures, was.breaker.opened_at)
+            if breaker.state == "half_open":  # its probe request belongs to the old fleet
+                breaker.state, breaker.opened_at = "open", now - breaker.cooldown_s
+            if breaker.state == "open":
+                self._live[_BLOCK, i] = breaker.opened_at + breaker.cooldown_s
+            self.stats[i] = replace(
+                was, breaker=breaker, dispatched_since_scrape=0,
+                health=replace(was.health),
+                ttft_window=deque(was.ttft_window, maxlen=was.ttft_window.maxlen),
+                tpot_window=deque(was.tpot_window, maxlen=was.tpot_window.maxlen))
+            self._derive_active(i)
+            self._derive_usable(i)
+            carried += 1
+        return carried
 
     # -- the gateway's own measurements ------------------------------------------------
     def on_dispatch(self, i: int, now: float) -> None:

@@ -98,7 +98,7 @@ class Pipeline:
         if not self._weights:
             total = np.zeros(len(alive))
         elif len(self.scorers) == 1:
-            total = scores[self.scorers[0].name]
+            total = np.asarray(scores[self.scorers[0].name], dtype=np.float64)
         else:
             total = scores[self.scorers[0].name] * self._weights[0]
             for s, w in zip(self.scorers[1:], self._weights[1:], strict=True):

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import hashlib
 
-import numba
 import numpy as np
 
+from fleetgate.routing.compiled import compiled
 from fleetgate.routing.plugins.base import ScoringInput, per_fleet
 from fleetgate.routing.types import EndpointInfo, FloatArray
 
@@ -38,7 +38,7 @@ _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 
 
-@numba.njit(cache=True)
+@compiled
 def _rendezvous(hashes: np.ndarray, idx: np.ndarray, key: np.uint64, mask: np.ndarray) -> int:
     """The eligible candidate with the highest splitmix64(key ^ endpoint hash), or -1."""
     winner, best = -1, np.uint64(0)

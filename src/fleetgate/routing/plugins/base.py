@@ -14,10 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import numba
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from fleetgate.routing.compiled import compiled
 from fleetgate.routing.types import (
     BoolArray,
     EndpointInfo,
@@ -71,7 +71,8 @@ ScorerFn = Callable[[ScoringInput, Any], FloatArray]
 def normalise_min_over(values: FloatArray, mask: BoolArray) -> FloatArray:
     """Score = best eligible / value for "lower is better" values (>= 0); inf or NaN -> 0.
 
-    A value of 0 (a free endpoint's $/Mtok) is the best there is: those score 1, the rest 0.
+    A value of 0 (a free endpoint's $/Mtok) is the best there is: those score 1 and the
+    others half of what they would score among themselves (so they keep their order).
     Masked-out candidates score 0.
     """
     out = np.empty(len(values))
@@ -87,24 +88,33 @@ def normalise_max_over(values: FloatArray, mask: BoolArray) -> FloatArray:
     return out
 
 
-@numba.njit(cache=True, error_model="numpy")
+@compiled
 def _normalise(values: FloatArray, mask: BoolArray, lower_is_better: bool,
                out: FloatArray) -> None:
     # Two passes in one compiled call: numpy needed five calls (where, min, divide, ...),
     # each costing more than the loop over 1,000 candidates. NaN fails every comparison.
-    best = np.inf if lower_is_better else 0.0
+    best = np.inf if lower_is_better else 0.0  # lowest positive / highest eligible value
+    free = False  # an eligible 0 among lower-is-better values
     for i in range(values.shape[0]):
         v = values[i]
-        if mask[i] and v >= 0 and (v < best if lower_is_better else v > best):
-            best = v
-    for i in range(values.shape[0]):
-        v = values[i]
-        if not mask[i] or not v >= 0 or best == np.inf or (best == 0 and not lower_is_better):
-            out[i] = 0.0
-        elif lower_is_better:
-            out[i] = (1.0 if v == 0 else 0.0) if best == 0 else best / v
+        if not (mask[i] and v >= 0):
+            continue
+        if not lower_is_better:
+            best = max(best, v)
+        elif v == 0:
+            free = True
         else:
-            out[i] = v / best
+            best = min(best, v)
+    for i in range(values.shape[0]):
+        v = values[i]
+        if not (mask[i] and v >= 0):
+            out[i] = 0.0
+        elif not lower_is_better:
+            out[i] = v / best if 0 < best < np.inf else 0.0
+        elif v == 0:
+            out[i] = 1.0
+        else:  # an infinite value scores best / inf = 0; if all are, best is inf: 0 too
+            out[i] = best / v * (0.5 if free else 1.0) if best < np.inf else 0.0
 
 
 def _warm_up() -> None:

@@ -19,29 +19,27 @@ from __future__ import annotations
 import itertools
 import random
 
-import numba
 import numpy as np
 
+from fleetgate.routing.compiled import compiled
 from fleetgate.routing.types import FloatArray, IntArray
 
 
 def top_k(values: FloatArray, k: int, jitter: FloatArray | None = None) -> IntArray:
     """Positions of the k highest ``values + jitter``, best first; equal ones by position."""
-    k = min(k, len(values))
-    if k > 16:
-        return np.argsort(-(values if jitter is None else values + jitter), kind="stable")[:k]
-    out = np.empty(k, dtype=np.intp)
-    _top_k(values, _NO_JITTER if jitter is None else jitter, out)
+    out = np.empty(max(0, min(k, len(values))), dtype=np.intp)
+    if len(out):
+        _top_k(values, _NO_JITTER if jitter is None else jitter, out)
     return out
 
 
 _NO_JITTER = np.zeros(0)
 
 
-@numba.njit(cache=True, error_model="numpy")
+@compiled
 def _top_k(values: FloatArray, jitter: FloatArray, out: IntArray) -> None:
-    # One pass keeping the best len(out) in order (insertion): a single compiled call where
-    # numpy needed an argmax and a store per place.
+    # One pass keeping the best len(out) >= 1 in order (insertion): a single compiled call
+    # where numpy needed an argmax and a store per place.
     k = out.shape[0]
     best = np.full(k, -np.inf)
     kept = 0
@@ -107,14 +105,14 @@ class PowerOfTwo:
         return np.concatenate(([first, second], top_k(rest, k - 2)))
 
     def _draw_two(self, rank: FloatArray) -> tuple[int, int] | None:
-        """Two distinct eligible positions at random (None: fewer than three eligible)."""
+        """Two distinct eligible positions at random (None: fewer than two eligible)."""
         n = len(rank)
         for _ in range(8):  # usually most are eligible: draw first, look later
             a, b = self._rng.randrange(n), self._rng.randrange(n)
             if a != b and rank[a] > -np.inf and rank[b] > -np.inf:
                 return a, b
         eligible = np.flatnonzero(rank > -np.inf)
-        if len(eligible) <= 2:
+        if len(eligible) < 2:
             return None
         a, b = self._rng.sample(range(len(eligible)), 2)
         return int(eligible[a]), int(eligible[b])
