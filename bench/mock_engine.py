@@ -17,7 +17,8 @@ Endpoints:
   as it does with a real engine's token rhythm).
 * ``GET /health`` 200 (empty body, as vLLM), ``GET /v1/models``, and ``GET /metrics``: a tiny
   valid exposition with ``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
-  ``vllm:kv_cache_usage_perc`` and ``vllm:generation_tokens_total``.
+  ``vllm:kv_cache_usage_perc`` and ``vllm:generation_tokens_total`` (or, with
+  ``--metrics-file``, that file: a captured vLLM exposition for the collector benchmark).
 
 Run: ``python bench/mock_engine.py --port N [--frame-gap-ms G]`` (0 = any free port); it prints
 ``MOCK_ENGINE_READY http://127.0.0.1:<port>`` on stdout once it listens.
@@ -35,6 +36,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 try:
@@ -174,8 +176,9 @@ def stream_frames(model: str, include_usage: bool) -> list[bytes]:
 class Engine:
     """Shared state: precomputed answers per served model, and counters for /metrics."""
 
-    def __init__(self, frame_gap_s: float = 0.0) -> None:
+    def __init__(self, frame_gap_s: float = 0.0, metrics_text: bytes | None = None) -> None:
         self.frame_gap_s = frame_gap_s
+        self.metrics_text = metrics_text
         self.running = 0
         self.generated = 0
         self._plain: dict[str, bytes] = {}
@@ -197,6 +200,9 @@ class Engine:
         return out
 
     def metrics(self) -> bytes:
+        if self.metrics_text is not None:
+            return _response("200 OK", b"text/plain; version=0.0.4; charset=utf-8",
+                             self.metrics_text)
         text = (
             "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
             "# TYPE vllm:num_requests_running gauge\n"
@@ -330,8 +336,9 @@ def _content_length(head: bytes) -> int:
     return int(head[i + 17 : j if j >= 0 else None].strip())
 
 
-async def serve(host: str, port: int, frame_gap_s: float = 0.0) -> None:
-    engine = Engine(frame_gap_s)
+async def serve(host: str, port: int, frame_gap_s: float = 0.0,
+                metrics_text: bytes | None = None) -> None:
+    engine = Engine(frame_gap_s, metrics_text)
     loop = asyncio.get_running_loop()
     server = await loop.create_server(
         lambda: HttpConnection(engine), host, port, reuse_address=True, backlog=1024
@@ -348,14 +355,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--frame-gap-ms", type=float, default=0.0,
                         help="pause between stream frames (default 0: all at once)")
+    parser.add_argument("--metrics-file", default=None,
+                        help="serve this file as /metrics (e.g. a captured vLLM exposition)")
     args = parser.parse_args(argv)
+    metrics = Path(args.metrics_file).read_bytes() if args.metrics_file else None
     runner: Callable[[Coroutine[Any, Any, None]], None] = asyncio.run
     with contextlib.suppress(ImportError):
         import uvloop
 
         runner = uvloop.run
     with contextlib.suppress(KeyboardInterrupt):
-        runner(serve(args.host, args.port, args.frame_gap_ms / 1000))
+        runner(serve(args.host, args.port, args.frame_gap_ms / 1000, metrics))
     sys.exit(0)
 
 

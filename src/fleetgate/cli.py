@@ -43,10 +43,25 @@ def serve(
     except ConfigError as exc:
         _print_errors(exc)
         raise typer.Exit(1) from None
+    _lift_open_files_limit()
     uvicorn.run(
         create_app(settings), host=settings.host, port=settings.port, loop="uvloop",
         http="httptools", access_log=False, log_level=settings.log_level, timeout_keep_alive=30,
     )
+
+
+def _lift_open_files_limit(ceiling: int = 65536) -> None:
+    """The gateway holds a socket per engine (probes) besides the relay's: many hosts start
+    processes with a soft limit of 1,024 open files, fewer than a large fleet needs."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = ceiling if hard == resource.RLIM_INFINITY else min(hard, ceiling)
+        if soft != resource.RLIM_INFINITY and soft < target:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ImportError, ValueError, OSError) as exc:  # not Unix, or not allowed: keep it
+        logging.getLogger("fleetgate").info("open-files limit unchanged: %s", exc)
 
 
 @app.command()

@@ -2,7 +2,8 @@
 
 One shared, pooled aiohttp session with HTTP/1.1 keep-alive, created and closed by its
 owner (the gateway lifespan). aiohttp is the relay client because it costs about a sixth of
-httpx's CPU per request (DESIGN.md §4); httpx stays for health checks and scrapes. The
+httpx's CPU per request (DESIGN.md §4); probes and scrapes use their own aiohttp session
+(``health.background_session``). The
 ``Backend`` protocol is the seam, so the client can change without touching the gateway.
 
 Timeouts: ``connect`` for the TCP connect, ``read`` for the wait before the first byte and

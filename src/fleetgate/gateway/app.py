@@ -1,12 +1,13 @@
 """The ASGI app: ``create_app(settings, overrides)`` and the lifespan that owns every resource.
 
-The lifespan loads the config, opens the pooled relay client (aiohttp) and the probe client
-(httpx), starts the fleet (emulated engines, health loop), builds the router and the chat
-service, and hangs them on ``app.state.fleetgate``; on shutdown it closes them in reverse.
-Nothing is global: tests build as many apps as they like, with ``overrides`` replacing
-parts (``config``, ``backend``, ``router``, ``otel_env``: the ``OTEL_*`` mapping tracing reads
-instead of ``os.environ``). Telemetry (``telemetry/``) is built here too and hangs on
-``app.state.telemetry``; its tracer provider is flushed and shut down with the app.
+The lifespan loads the config, opens the pooled relay client and the probe/scrape client
+(both aiohttp, apart), starts the fleet (emulated engines, health loop), builds the router
+and the chat service, and hangs them on ``app.state.fleetgate``; on shutdown it closes
+them in reverse. Nothing is global: tests build as many apps as they like, with
+``overrides`` replacing parts (``config``, ``backend``, ``router``, ``otel_env``: the
+``OTEL_*`` mapping tracing reads instead of ``os.environ``). Telemetry (``telemetry/``) is
+built here too and hangs on ``app.state.telemetry``; its tracer provider is flushed and
+shut down with the app.
 
 Errors: typed ``GatewayError``s map to the OpenAI envelope; an unknown route or method gets
 the envelope too; any other exception is logged with its trace and answered with a plain
@@ -25,7 +26,6 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
-import httpx
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
@@ -34,6 +34,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from fleetgate.backends.health import background_session
 from fleetgate.backends.relay import AiohttpBackend, Backend, Timeouts
 from fleetgate.config import ConfigError, FleetConfig, default_config_path, load_config
 from fleetgate.gateway.api import admin, health, openai, registry
@@ -84,8 +85,8 @@ async def _start(app: Starlette, settings: Settings, overrides: dict[str, Any],
         settings.config_path or default_config_path())
     backend: Backend = overrides.get("backend") or AiohttpBackend()
     stack.push_async_callback(backend.close)
-    http = httpx.AsyncClient(limits=httpx.Limits(max_connections=256))
-    stack.push_async_callback(http.aclose)
+    http = background_session()
+    stack.push_async_callback(http.close)
     stores = create_stores(settings.redis_url, prefix=settings.redis_prefix)
     stack.push_async_callback(stores.close)
     gen = await build_generation(config, settings, http, overrides.get("router"))

@@ -1,7 +1,8 @@
 """The collector: probes health and scrapes ``/metrics`` of every endpoint, in the background.
 
-One ``tick()`` probes and scrapes all endpoints concurrently with short timeouts and writes
-the results into ``LiveFleet``; ``run(interval)`` ticks forever. Never on the request path:
+One ``tick()`` probes and scrapes all endpoints concurrently (per endpoint: the probe, then
+the scrape if the probe passed) with short timeouts and writes the results into
+``LiveFleet``; ``run(interval)`` ticks forever. Never on the request path:
 a slow or dead engine delays nothing but its own update. Tests call ``tick()`` directly with
 an injected clock instead of waiting for the loop.
 
@@ -9,7 +10,7 @@ A scrape that fails or does not parse leaves the previous load in place (it expi
 stale after ``LiveFleet.stale_after_s``) and counts in ``scrape_errors``. Engines without a
 metrics endpoint (``openai``) are only probed.
 
-May touch: httpx, backends (health probe, metrics parser), routing live state.
+May touch: aiohttp, backends (health probe, metrics parser), routing live state.
 Must not touch: HTTP routes, the router.
 """
 
@@ -20,7 +21,7 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
 
-import httpx
+import aiohttp
 
 from fleetgate.backends.endpoints import Endpoint
 from fleetgate.backends.engine_metrics import (
@@ -37,8 +38,8 @@ SCRAPE_TIMEOUT_S = 2.0
 
 
 class Collector:
-    def __init__(self, endpoints: Sequence[Endpoint], live: LiveFleet, http: httpx.AsyncClient,
-                 clock: Callable[[], float]) -> None:
+    def __init__(self, endpoints: Sequence[Endpoint], live: LiveFleet,
+                 http: aiohttp.ClientSession, clock: Callable[[], float]) -> None:
         self._endpoints = list(endpoints)
         self._live = live
         self._http = http
@@ -62,8 +63,10 @@ class Collector:
     async def _one(self, i: int, ep: Endpoint) -> None:
         if not ep.url:
             return
-        health, load = await asyncio.gather(
-            probe(self._http, ep.url, ep.engine, SCRAPE_TIMEOUT_S), self._scrape(ep))
+        # One after the other on one kept-alive connection (a socket per endpoint, not two);
+        # an engine that fails its probe is not scraped (no second timeout to wait for).
+        health = await probe(self._http, ep.url, ep.engine, SCRAPE_TIMEOUT_S)
+        load = await self._scrape(ep) if health.ok else None
         now = self._clock()
         if self._live.on_probe(i, now, health.ok, health.detail):
             log.info("endpoint %s is %s (%s)", ep.id, self._live.stats[i].health.state,
@@ -76,13 +79,14 @@ class Collector:
         if not ep.engine.metrics_path:
             return None
         try:
-            resp = await self._http.get(ep.url + str(ep.engine.metrics_path),
-                                        timeout=SCRAPE_TIMEOUT_S,
-                                        headers={"accept": "text/plain"})
-            if resp.status_code != 200:
-                raise MetricsParseError(f"HTTP {resp.status_code}")
-            return parse_engine_metrics(resp.text, ep.engine.name)
-        except (httpx.HTTPError, MetricsParseError) as exc:
+            async with self._http.get(ep.url + str(ep.engine.metrics_path),
+                                      timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_S),
+                                      headers={"accept": "text/plain"}) as resp:
+                text = await resp.text()
+                if resp.status != 200:
+                    raise MetricsParseError(f"HTTP {resp.status}")
+            return parse_engine_metrics(text, ep.engine.name)
+        except (TimeoutError, aiohttp.ClientError, MetricsParseError) as exc:
             self.scrape_errors[ep.id] += 1
             log.debug("scrape of %s failed: %s", ep.id, exc)
             return None

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from urllib.parse import parse_qs, urlsplit
 
-import httpx
+import aiohttp
 
 from fleetgate.backends.emulator import EmulatorHandle, start_emulator
 from fleetgate.backends.endpoints import Endpoint, fleet_endpoints
@@ -32,7 +32,7 @@ Clock = Callable[[], float]
 
 
 class Fleet:
-    def __init__(self, config: FleetConfig, http: httpx.AsyncClient, *,
+    def __init__(self, config: FleetConfig, http: aiohttp.ClientSession, *,
                  interval_s: float = 1.0, stale_after_s: float = 10.0,
                  clock: Clock = time.monotonic) -> None:
         self.config = config

@@ -20,7 +20,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-import httpx
+import aiohttp
 
 from fleetgate.config import ConfigError, FleetConfig, default_config_path, load_config
 from fleetgate.gateway.auth import KeyTable
@@ -42,7 +42,7 @@ class AppState:
     config: FleetConfig
     generation: Generation
     chat: ChatService
-    http: httpx.AsyncClient
+    http: aiohttp.ClientSession  # probes and scrapes (backends.health.background_session)
     started_at: float
     models: frozenset[str]
     reload_lock: asyncio.Lock
@@ -100,7 +100,7 @@ class AppState:
         await old.fleet.stop(keep=set(gen.fleet.emulators))
 
 
-async def build_generation(config: FleetConfig, settings: Settings, http: httpx.AsyncClient,
+async def build_generation(config: FleetConfig, settings: Settings, http: aiohttp.ClientSession,
                            router: Router | None = None,
                            previous: Fleet | None = None) -> Generation:
     """A new generation; ``previous`` (a reload) hands over its emulated engines, its live
