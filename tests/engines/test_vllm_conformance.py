@@ -87,8 +87,15 @@ def test_chat_stream(target: Target, include_usage: bool) -> None:
     assert summary.model == SERVED and summary.finish_reason == "length" and summary.text
     chunks = [orjson.loads(f[6:]) for f in frames[:-1]]
     token_chunks = [c for c in chunks[1:] if c["choices"]]
-    assert len(token_chunks) == 5, "one chunk per token; finish rides on the last"
-    assert token_chunks[-1]["choices"][0]["delta"]["content"] != ""
+    # One chunk per token, the finish riding on the last. Real vLLM skips a token whose text
+    # is still empty (a byte of an unfinished UTF-8 character, which the random tiny model
+    # can pick when a concurrent batch shifts its CPU arithmetic), so it may send fewer.
+    last = token_chunks[-1]["choices"][0]
+    assert last["finish_reason"] == "length"
+    if target.name == "emulator":
+        assert len(token_chunks) == 5 and last["delta"]["content"] != ""
+    else:
+        assert 1 <= len(token_chunks) <= 5, token_chunks
     if include_usage:
         assert summary.usage is not None and summary.usage["completion_tokens"] == 5
         assert summary.usage["prompt_tokens"] > 0
