@@ -294,3 +294,18 @@ def test_compiled_falls_back_to_memory_when_numba_cannot_cache(
         return x * 2
 
     assert module.compiled(double)(2.5) == 5.0
+
+
+def test_one_candidates_estimate_matches_the_fleets() -> None:
+    rng = random.Random(5)
+    live = random_fleet(rng, 30)
+    snap = live.snapshot(1.0)
+    d = pipeline("round_robin", slo={"ttft_ms": 900, "tpot_ms": 30}).route(request(), snap)
+    assert "_kernel_out" not in d.estimates.__dict__  # round-robin needed no estimate
+    single = {(name, k): d.estimate(name, k) for name in ("ttft_s", "tpot_s", "usd_per_mtok")
+              for k in d.order.tolist()}
+    assert "_kernel_out" not in d.estimates.__dict__  # one candidate each, not the fleet
+    full = Estimates(snap, d.idx, request(), Slo(0.9, 0.03))
+    for (name, k), value in single.items():
+        want = float(full[name][k])
+        assert value == (want if math.isfinite(want) else None)

@@ -154,6 +154,7 @@ class Estimates:
         self._n = float(req.prompt_tokens_estimate)
         self._g = float(req.max_tokens or DEFAULT_MAX_TOKENS)
         self._slo = slo
+        self._one: dict[int, tuple[FloatArray, BoolArray]] = {}  # at(): one candidate's run
 
     def __getitem__(self, name: str) -> Any:
         if name not in NAMES:
@@ -162,6 +163,17 @@ class Estimates:
 
     def as_dict(self) -> dict[str, FloatArray]:
         return {name: np.asarray(getattr(self, name), dtype=float) for name in NAMES}
+
+    def at(self, name: str, k: int) -> float:
+        """One candidate's estimate. When no plugin has needed the whole fleet's (round-robin),
+        the kernel runs for that candidate alone: the gateway asks for the attempted
+        endpoints' TTFT and TPOT to learn its corrections."""
+        if name not in KERNEL_ROWS or "_kernel_out" in self.__dict__:
+            return float(self[name][k])
+        one = self._one.get(k)
+        if one is None:
+            one = self._one[k] = self._run(self._idx[k:k + 1])
+        return float(one[0][KERNEL_ROWS.index(name)][0])
 
     def column(self, name: str) -> FloatArray:
         """A live or static column of the snapshot, aligned with the candidates."""
@@ -184,12 +196,14 @@ class Estimates:
 
     @lazy
     def _kernel_out(self) -> tuple[FloatArray, BoolArray]:
-        out = np.empty((len(KERNEL_ROWS), len(self._idx)))
-        meets = np.empty(len(self._idx), dtype=bool)
+        return self._run(self._idx)
+
+    def _run(self, idx: IntArray) -> tuple[FloatArray, BoolArray]:
+        out = np.empty((len(KERNEL_ROWS), len(idx)))
+        meets = np.empty(len(idx), dtype=bool)
         tpot, ttft = self._slo.tpot_s, self._slo.ttft_s
-        _kernel(self._snap.live, self._snap.static, _LIVE_IN, _STATIC_IN, self._idx, self._n,
-                self._g,
-                np.inf if tpot is None else SLO_HEADROOM * tpot,
+        _kernel(self._snap.live, self._snap.static, _LIVE_IN, _STATIC_IN, idx, self._n,
+                self._g, np.inf if tpot is None else SLO_HEADROOM * tpot,
                 np.inf if ttft is None else SLO_HEADROOM * ttft, out, meets)
         return out, meets
 

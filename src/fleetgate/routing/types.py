@@ -200,9 +200,8 @@ class Decision:
         """An estimate for the chosen candidate (or the one at ``position``); None if unknown."""
         if self.estimates is None or not len(self.order):
             return None
-        arr = self.estimates[name]
         k = int(self.order[0]) if position is None else position
-        value = float(arr[k])
+        value = self.estimates.at(name, k)
         return None if math.isnan(value) or math.isinf(value) else value
 
     def explain(self, limit: int | None = None) -> dict[str, Any]:
