@@ -309,3 +309,12 @@ def test_one_candidates_estimate_matches_the_fleets() -> None:
     for (name, k), value in single.items():
         want = float(full[name][k])
         assert value == (want if math.isfinite(want) else None)
+
+
+def test_rejected_count_matches_the_named_rejections() -> None:
+    rng = random.Random(9)
+    for _ in range(20):
+        live = random_fleet(rng, 25)
+        pipe = pipeline("latency", filters=[{"name": "max_queue", "params": {"max": 12}}])
+        d = pipe.route(request(max_tokens=rng.choice([10, 5000])), live.snapshot(20.0))
+        assert d.rejected_count == len(d.rejected)

@@ -3,8 +3,9 @@
 ``Pipeline.route(request, snapshot)`` is pure: builtin prefilters (serves the model, not
 ``not_ready``, breaker allows, fresh) -> estimates (``estimate.py``) -> the policy's filters
 -> weighted scorers, each in [0,1] -> a picker that puts the best ``max_attempts`` survivors
-first (the attempt and retry order). Each stage works on whole columns (numpy) and keeps its
-mask, so why an endpoint was dropped is only worked out when someone asks (``Decision``).
+first (the attempt and retry order). Each stage works on whole columns (numpy, or a compiled
+loop) and keeps its mask, so why an endpoint was dropped is only worked out when someone
+asks (``Decision``).
 
 A policy with an SLO and ``slo_mode="prefer"`` (the ``cost`` strategy) ranks the endpoints
 predicted to meet the SLO first (by their weighted score), then the others fastest-first;

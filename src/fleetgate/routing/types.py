@@ -155,6 +155,11 @@ class Decision:
     snapshot: Snapshot | None = None
 
     @property
+    def rejected_count(self) -> int:
+        """How many candidates a stage filtered out (without naming them)."""
+        return 0 if self.alive is None else len(self.idx) - int(np.count_nonzero(self.alive))
+
+    @property
     def rejected(self) -> dict[str, str]:
         """Endpoint id -> why it was filtered out (the first stage that dropped it)."""
         out: dict[str, str] = {}

@@ -29,7 +29,7 @@ from fleetgate.routing.estimate import DEFAULT_MAX_TOKENS
 def decision_attributes(decision: Decision, max_tokens: int | None) -> dict[str, Any]:
     attrs: dict[str, Any] = {
         n.ROUTE_POLICY: decision.policy, n.ROUTE_REASON: decision.reason,
-        n.ROUTE_REJECTED: len(decision.rejected),
+        n.ROUTE_REJECTED: decision.rejected_count,
         n.ROUTE_CANDIDATES: int(np.count_nonzero(decision.alive))
         if decision.alive is not None else len(decision.order),
     }

@@ -44,7 +44,8 @@ class ScoringInput:
         return self.est.column(name)
 
 
-FilterFn = Callable[[ScoringInput, Any], BoolArray]
+FilterFn = Callable[[ScoringInput, Any], BoolArray | None]  # None: keeps every candidate
+ScorerFn = Callable[[ScoringInput, Any], FloatArray]
 T = TypeVar("T")
 K = TypeVar("K")
 _PER_FLEET: dict[tuple[int, int, int], tuple[object, object, object]] = {}
@@ -65,7 +66,6 @@ def per_fleet(endpoints: tuple[EndpointInfo, ...], key: K,
     value = build(endpoints, key)
     _PER_FLEET[slot] = (endpoints, key, value)
     return value
-ScorerFn = Callable[[ScoringInput, Any], FloatArray]
 
 
 def normalise_min_over(values: FloatArray, mask: BoolArray) -> FloatArray:

@@ -107,6 +107,8 @@ class PowerOfTwo:
     def _draw_two(self, rank: FloatArray) -> tuple[int, int] | None:
         """Two distinct eligible positions at random (None: fewer than two eligible)."""
         n = len(rank)
+        if n < 2:
+            return None
         for _ in range(8):  # usually most are eligible: draw first, look later
             a, b = self._rng.randrange(n), self._rng.randrange(n)
             if a != b and rank[a] > -np.inf and rank[b] > -np.inf:
