@@ -154,6 +154,9 @@ async def test_every_decision_is_explainable(tmp_path: Path) -> None:
             assert {"ttft_s", "tpot_s", "usd_per_mtok", "meets_slo"} <= set(c["estimates"])
         assert d["attempts"] == [{"endpoint": "h100-cheap-0", "status": 200}]
         assert (await _get(url + "/admin/decisions?limit=0")).status_code == 400
+        assert (await _get(url + "/admin/decisions?candidates=x")).status_code == 400
+        top = (await _get(url + "/admin/decisions?limit=1&candidates=2")).json()["decisions"]
+        assert [c["rank"] for c in top[0]["candidates"]] == [0, 1]
         eps = (await _get(url + "/admin/endpoints")).json()
         assert {e["id"] for e in eps["endpoints"]} >= {"h100-cheap-0", "h200-dear-0"}
         assert {p["pool"] for p in eps["pools"]} == {"h100-slow-cheap", "h100-cheap",

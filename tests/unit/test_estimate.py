@@ -318,3 +318,4 @@ def test_rejected_count_matches_the_named_rejections() -> None:
         pipe = pipeline("latency", filters=[{"name": "max_queue", "params": {"max": 12}}])
         d = pipe.route(request(max_tokens=rng.choice([10, 5000])), live.snapshot(20.0))
         assert d.rejected_count == len(d.rejected)
+

@@ -180,3 +180,19 @@ def test_policy_selection_header_routes_default() -> None:
     assert router.policy_for(request(headers={"x-priority": "high"})) == "fast"
     assert router.policy_for(request(tenant="t1")) == "rr"
     assert router.policy_for(request(policy="rr", headers={"x-priority": "high"})) == "rr"
+
+
+def test_the_decision_log_bounds_the_candidates_it_keeps() -> None:
+    from fleetgate.gateway.decisions import DecisionLog
+
+    small = make_fleet()
+    big = make_fleet([(f"p{i}", "h100", "nvidia", "vllm", 2.0) for i in range(40)])
+    log = DecisionLog(size=10, max_candidates=100)
+    pipe = pipeline("latency")
+    for _ in range(12):
+        log.record("r", pipe.route(request(), small.snapshot(1)))  # 4 candidates each
+    assert len(log) == 10  # the count bounds it
+    for _ in range(3):
+        log.record("r", pipe.route(request(), big.snapshot(1)))  # 40 each
+    assert len(log) == 2  # the newest that fit in 100 candidates: two of 40
+    assert len(log.latest(1, candidates=1)[0]["candidates"]) == 1

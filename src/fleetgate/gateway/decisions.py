@@ -1,8 +1,10 @@
-"""The decision log: the last N routing decisions, explainable on demand.
+"""The decision log: the last routing decisions, explainable on demand.
 
 Each entry keeps the ``Decision`` (arrays, cheap to keep) plus the request id, the time and
-the outcome of the attempts; ``explain`` renders every candidate's per-scorer scores and
-estimates only when ``/admin/decisions`` asks.
+the outcome of the attempts; ``explain`` renders the candidates' per-scorer scores and
+estimates only when ``/admin/decisions`` asks. The log keeps the last ``size`` decisions,
+or fewer when their candidates add up to more than ``max_candidates`` (a decision keeps
+~150 bytes per candidate: 1,000 decisions over 1,000 endpoints would hold 150 MB).
 
 May touch: routing types. Must not touch: HTTP.
 """
@@ -24,8 +26,8 @@ class DecisionEntry:
     decision: Decision
     attempts: list[dict[str, Any]] = field(default_factory=list)
 
-    def explain(self) -> dict[str, Any]:
-        out = self.decision.explain()
+    def explain(self, candidates: int | None = None) -> dict[str, Any]:
+        out = self.decision.explain(candidates)
         chosen = self.decision.chosen
         out.update({
             "at": self.at, "request_id": self.request_id, "attempts": self.attempts,
@@ -38,13 +40,23 @@ class DecisionEntry:
 
 
 class DecisionLog:
-    def __init__(self, size: int = 1000) -> None:
-        self._entries: deque[DecisionEntry] = deque(maxlen=size)
+    def __init__(self, size: int = 1000, max_candidates: int = 100_000) -> None:
+        self._entries: deque[DecisionEntry] = deque()
+        self._size, self._max_candidates = size, max_candidates
+        self._candidates = 0
 
     def record(self, request_id: str, decision: Decision) -> DecisionEntry:
         entry = DecisionEntry(time.time(), request_id, decision)
         self._entries.append(entry)
+        self._candidates += len(decision.idx)
+        while len(self._entries) > 1 and (len(self._entries) > self._size
+                                          or self._candidates > self._max_candidates):
+            self._candidates -= len(self._entries.popleft().decision.idx)
         return entry
 
-    def latest(self, limit: int) -> list[dict[str, Any]]:
-        return [e.explain() for e in list(self._entries)[-limit:][::-1]]
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def latest(self, limit: int, candidates: int | None = None) -> list[dict[str, Any]]:
+        """The newest ``limit`` decisions, each with its best ``candidates`` (all if None)."""
+        return [e.explain(candidates) for e in list(self._entries)[-limit:][::-1]]

@@ -3,8 +3,9 @@
 - ``GET /admin/endpoints``: every endpoint's health, breaker, queue, in-flight, TTFT/TPOT
   (EWMA and p50/p95), measured tokens/s, the learned prior corrections, and its price as
   $/Mtok (replica $/s over measured tokens/s) and tokens per $; then the same per pool.
-- ``GET /admin/decisions?limit=N``: the last N routing decisions, newest first, with every
-  candidate's per-scorer scores and estimates, the chosen endpoint and the reason.
+- ``GET /admin/decisions?limit=N&candidates=K``: the last N routing decisions, newest
+  first, each with its best K candidates (default 100) and their per-scorer scores and
+  estimates, the rejected endpoints with the reason, the chosen endpoint and the reason.
 - ``GET /admin/costs``: what the traffic cost since start, per pool, per model, per pool and
   model, and per tenant: requests, tokens, GPU-hours, $ (failed attempts' share apart),
   $/Mtok and tokens per $ (output tokens, like the router), from the cost ledger
@@ -94,10 +95,16 @@ async def endpoints(request: Request) -> Response:
 
 
 async def decisions(request: Request) -> Response:
-    raw = request.query_params.get("limit", "20")
-    if not raw.isdigit() or not 1 <= int(raw) <= 1000:
-        raise BadRequest("'limit' must be an integer from 1 to 1000", param="limit")
-    return json_ok({"decisions": _state(request).chat.decisions.latest(int(raw))})
+    limit = _int_param(request, "limit", 20, 1000)
+    candidates = _int_param(request, "candidates", 100, 100_000)
+    return json_ok({"decisions": _state(request).chat.decisions.latest(limit, candidates)})
+
+
+def _int_param(request: Request, name: str, default: int, most: int) -> int:
+    raw = request.query_params.get(name, str(default))
+    if not raw.isdigit() or not 1 <= int(raw) <= most:
+        raise BadRequest(f"'{name}' must be an integer from 1 to {most}", param=name)
+    return int(raw)
 
 
 async def costs(request: Request) -> Response:
