@@ -5,6 +5,8 @@ the outcome of the attempts; ``explain`` renders the candidates' per-scorer scor
 estimates only when ``/admin/decisions`` asks. The log keeps the last ``size`` decisions,
 or fewer when their candidates add up to more than ``max_candidates`` (a decision keeps
 ~150 bytes per candidate: 1,000 decisions over 1,000 endpoints would hold 150 MB).
+``/admin/decisions?candidates=K`` lists only each decision's best K candidates (a decision
+over 1,000 endpoints is ~300 KB of JSON in full).
 
 May touch: routing types. Must not touch: HTTP.
 """

@@ -4,7 +4,7 @@
   (EWMA and p50/p95), measured tokens/s, the learned prior corrections, and its price as
   $/Mtok (replica $/s over measured tokens/s) and tokens per $; then the same per pool.
 - ``GET /admin/decisions?limit=N&candidates=K``: the last N routing decisions, newest
-  first, each with its best K candidates (default 100) and their per-scorer scores and
+  first, each with every candidate (or its best K) and their per-scorer scores and
   estimates, the rejected endpoints with the reason, the chosen endpoint and the reason.
 - ``GET /admin/costs``: what the traffic cost since start, per pool, per model, per pool and
   model, and per tenant: requests, tokens, GPU-hours, $ (failed attempts' share apart),
@@ -95,13 +95,15 @@ async def endpoints(request: Request) -> Response:
 
 
 async def decisions(request: Request) -> Response:
-    limit = _int_param(request, "limit", 20, 1000)
-    candidates = _int_param(request, "candidates", 100, 100_000)
+    limit = _int_param(request, "limit", 1000) or 20
+    candidates = _int_param(request, "candidates", 100_000)  # None: every candidate
     return json_ok({"decisions": _state(request).chat.decisions.latest(limit, candidates)})
 
 
-def _int_param(request: Request, name: str, default: int, most: int) -> int:
-    raw = request.query_params.get(name, str(default))
+def _int_param(request: Request, name: str, most: int) -> int | None:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return None
     if not raw.isdigit() or not 1 <= int(raw) <= most:
         raise BadRequest(f"'{name}' must be an integer from 1 to {most}", param=name)
     return int(raw)
