@@ -12,8 +12,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import yaml
@@ -84,6 +86,18 @@ def spawn_gateway(config: dict | Path, tmp: Path, *, env: dict[str, str] | None 
     url = f"http://127.0.0.1:{port}"
     wait_http(url + ("/readyz" if wait_ready else "/healthz"), timeout, popen)
     return Proc(popen, url)
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 2.0, what: str = "the condition",
+             interval: float = 0.02) -> Any:
+    """The first truthy ``check()`` within ``timeout`` seconds, else AssertionError."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def wait_http(url: str, timeout: float, popen: subprocess.Popen[str] | None = None) -> None:

@@ -23,14 +23,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from procs import free_port
+from procs import free_port, wait_for
 
 SERVED = "tiny-llama"  # what vLLM serves
 PUBLIC = "tiny"  # public name on both the real and the emulated pool
@@ -121,18 +120,6 @@ def start_real_vllm(gateway_url: str, model_dir: Path, python: str, log: Path) -
 
 def _registered_or_dead(engine: RealEngine) -> bool:
     return not engine.alive() or any("registered id=" in ln for ln in engine.worker_lines())
-
-
-def wait_for(check: Callable[[], Any], timeout: float, what: str,
-             interval: float = 0.1) -> Any:
-    """The first truthy ``check()`` within ``timeout`` seconds, else AssertionError."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def vllm_metrics(url: str) -> dict[str, float]:

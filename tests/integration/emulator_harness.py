@@ -1,9 +1,9 @@
 """Shared harness for the emulator integration tests: real servers on free local ports.
 
 ``ServerThread`` runs an emulator app under a real uvicorn in a background thread (its own
-event loop), so sync and async clients can both talk to it; ``poll`` is the bounded waiting
-loop the tests use instead of sleeps. ``flavour_servers`` starts one vLLM (H100) and one
-SGLang (MI300X) emulator for a test module's ``servers`` fixture.
+event loop), so sync and async clients can both talk to it; ``procs.wait_for`` is the
+bounded waiting loop the tests use instead of sleeps. ``flavour_servers`` starts one vLLM
+(H100) and one SGLang (MI300X) emulator for a test module's ``servers`` fixture.
 """
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -20,6 +19,7 @@ import orjson
 import uvicorn
 
 from fleetgate.backends.emulator import EmulatorConfig, create_emulator_app
+from procs import wait_for
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 ALIAS = "llama-3.1-8b"
@@ -48,24 +48,13 @@ class ServerThread:
 
     def __enter__(self) -> ServerThread:
         self.thread.start()
-        poll(lambda: self.server.started, timeout=10)
+        wait_for(lambda: self.server.started, timeout=10, what="the emulator to start")
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
         self.sock.close()
-
-
-def poll(check: Callable[[], Any], timeout: float = 2.0, interval: float = 0.01) -> Any:
-    """Return the first truthy ``check()`` within ``timeout`` seconds, else fail."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout}s")
 
 
 def config(engine: str, **kw: Any) -> EmulatorConfig:

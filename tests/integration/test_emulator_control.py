@@ -20,7 +20,6 @@ from emulator_harness import (
     MODEL,
     ServerThread,
     config,
-    poll,
     set_faults,
     sse_events,
     state,
@@ -28,6 +27,7 @@ from emulator_harness import (
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleetgate.backends.emulator import start_emulator
+from procs import wait_for
 
 
 # -- faults ----------------------------------------------------------------------------------
@@ -96,7 +96,7 @@ async def test_disconnect_mid_stream_aborts_at_once(engine: str) -> None:
                     pass  # read until the first token arrives, then hang up
                 assert running() == 1
         closed = time.monotonic()
-        poll(lambda: running() == 0, timeout=1.0, interval=0.001)
+        wait_for(lambda: running() == 0, timeout=1.0, interval=0.001)
         print(
             f"{engine}: running fell to 0 within {1e3 * (time.monotonic() - closed):.1f} ms "
             "of the client closing (bounded poll)"
@@ -111,7 +111,7 @@ def test_disconnect_while_waiting_for_a_non_stream_answer(engine: str) -> None:
             httpx.post(
                 srv.url + "/v1/chat/completions", json=CHAT | {"max_tokens": 4000}, timeout=0.3
             )
-        after = poll(lambda: (s := state(srv.url))["running"] == 0 and s, timeout=1.0)
+        after = wait_for(lambda: (s := state(srv.url))["running"] == 0 and s, timeout=1.0)
         assert after["aborted"] == 1
 
 

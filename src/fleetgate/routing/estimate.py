@@ -139,6 +139,16 @@ def _usable(live: FloatArray, rows: IntArray, idx: IntArray, now: float, out: Bo
     return count
 
 
+class _KernelRow:
+    """An ``Estimates`` attribute that reads one row of the (lazily run) kernel's output."""
+
+    def __init__(self, name: str) -> None:
+        self.row = KERNEL_ROWS.index(name)
+
+    def __get__(self, obj: Estimates, owner: type | None = None) -> FloatArray:
+        return obj._kernel_out[0][self.row]
+
+
 class Estimates:
     """Lazily computed predictions, aligned with the candidate indices ``idx``.
 
@@ -173,7 +183,7 @@ class Estimates:
         one = self._one.get(k)
         if one is None:
             one = self._one[k] = self._run(self._idx[k:k + 1])
-        return float(one[0][KERNEL_ROWS.index(name)][0])
+        return float(one[0][KERNEL_ROWS.index(name), 0])
 
     def column(self, name: str) -> FloatArray:
         """A live or static column of the snapshot, aligned with the candidates."""
@@ -207,37 +217,14 @@ class Estimates:
                 np.inf if ttft is None else SLO_HEADROOM * ttft, out, meets)
         return out, meets
 
-    @property
-    def b_max(self) -> FloatArray:
-        return self._kernel_out[0][0]
-
-    @property
-    def tpot_s(self) -> FloatArray:
-        return self._kernel_out[0][1]
-
-    @property
-    def ttft_s(self) -> FloatArray:
-        return self._kernel_out[0][2]
-
-    @property
-    def e2e_s(self) -> FloatArray:
-        return self._kernel_out[0][3]
-
-    @property
-    def slo_capacity(self) -> FloatArray:
-        return self._kernel_out[0][4]
-
-    @property
-    def usd_per_mtok(self) -> FloatArray:
-        return self._kernel_out[0][5]
-
-    @property
-    def load(self) -> FloatArray:
-        return self._kernel_out[0][6]
-
-    @property
-    def kv_headroom_tokens(self) -> FloatArray:
-        return self._kernel_out[0][7]
+    b_max = _KernelRow("b_max")
+    tpot_s = _KernelRow("tpot_s")
+    ttft_s = _KernelRow("ttft_s")
+    e2e_s = _KernelRow("e2e_s")
+    slo_capacity = _KernelRow("slo_capacity")
+    usd_per_mtok = _KernelRow("usd_per_mtok")
+    load = _KernelRow("load")
+    kv_headroom_tokens = _KernelRow("kv_headroom_tokens")
 
     @property
     def meets_slo(self) -> BoolArray:
