@@ -19,10 +19,10 @@ import sys
 import time
 from pathlib import Path
 
-from fleetgate.backends.health import background_session
+from fleetgate.backends.probes import background_session
 from fleetgate.config import parse_config
-from fleetgate.gateway.collector import Collector
-from fleetgate.gateway.fleet import Fleet
+from fleetgate.state.collector import Collector
+from fleetgate.state.fleet import Fleet
 
 HERE = Path(__file__).parent
 METRICS = HERE.parent / "tests" / "data" / "vllm_metrics.txt"

@@ -21,9 +21,11 @@ import timeit
 import numpy as np
 
 from fleetgate.config.schema import PolicyConfig
-from fleetgate.routing import EndpointInfo, LiveFleet, RoutingRequest, endpoint_prior
+from fleetgate.routing import Endpoint, RoutingRequest
 from fleetgate.routing.pipeline import Pipeline
 from fleetgate.routing.policies import build_pipeline
+from fleetgate.state.live import LiveFleet
+from fleetgate.state.prior import endpoint_prior
 
 GPUS = [
     ("mi300x", "amd", 1.99),
@@ -52,7 +54,7 @@ def fleet(n: int, rng: random.Random) -> LiveFleet:
     for i in range(n):
         gpu, vendor, price = GPUS[i % len(GPUS)]
         infos.append(
-            EndpointInfo(
+            Endpoint(
                 f"{gpu}-{i}",
                 f"{gpu}-pool",
                 f"http://10.0.0.{i}",

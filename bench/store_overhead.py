@@ -30,14 +30,14 @@ from collections.abc import Awaitable, Callable
 
 import redis
 
-from fleetgate.gateway.store import (
+from fleetgate.state.store import (
     EndpointShare,
     FailoverLimitStore,
     MemoryLimits,
     SharedState,
 )
-from fleetgate.gateway.store.memory import MemorySharedState
-from fleetgate.gateway.store.redis import RedisLimits, RedisSharedState
+from fleetgate.state.store.memory import MemorySharedState
+from fleetgate.state.store.redis import RedisLimits, RedisSharedState
 
 NOW = 1_790_000_000.0
 Op = Callable[[int], Awaitable[object]]

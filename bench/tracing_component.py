@@ -2,7 +2,7 @@
 
 ``bench/tracing_overhead.py`` measures whole gateways; on a shared 2-vCPU machine its
 per-round numbers swing by ±30%, more than the effect. This script runs exactly the code
-tracing adds, the gateway's observer fed the calls ``ChatService`` makes for one request
+tracing adds, the gateway's observer fed the calls ``ProxyService`` makes for one request
 (request -> routed(decision) -> attempt -> headers -> first_token -> finished -> end) with
 a real routing decision of the ``cost`` policy over the four pools of the embedded fleet,
 and measures this process's CPU time (``time.process_time``: all threads, so the batch
@@ -36,17 +36,18 @@ from typing import Any
 from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 
-from fleetgate.backends.endpoints import Endpoint
-from fleetgate.backends.engines import ENGINES
+from fleetgate.catalog.engines import ENGINES
 from fleetgate.config.schema import PolicyConfig
-from fleetgate.gateway.observe import AttemptResult
-from fleetgate.gateway.telemetry.costs import CostLedger
+from fleetgate.gateway.costs import CostLedger
+from fleetgate.gateway.proxy.observer import AttemptResult
 from fleetgate.gateway.telemetry.logs import RequestLog
 from fleetgate.gateway.telemetry.metrics import GatewayMetrics
-from fleetgate.gateway.telemetry.observer import TelemetryObserver
+from fleetgate.gateway.telemetry.recorder import TelemetryObserver
 from fleetgate.gateway.telemetry.tracing import Tracing, start_tracing
-from fleetgate.routing import Decision, EndpointInfo, LiveFleet, RoutingRequest, endpoint_prior
+from fleetgate.routing import Decision, Endpoint, RoutingRequest
 from fleetgate.routing.policies import build_pipeline
+from fleetgate.state.live import LiveFleet
+from fleetgate.state.prior import endpoint_prior
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "tracing_component.md"
@@ -58,7 +59,7 @@ POOLS = [("mi300x-sglang", "mi300x", "amd", "sglang", 1.99),
 
 
 def decisions(n: int, stream: bool) -> tuple[list[Decision], dict[str, Endpoint]]:
-    infos = [EndpointInfo(f"{p}-0", p, f"http://10.0.0.{i}:8000", eng, acc, vendor,
+    infos = [Endpoint(f"{p}-0", p, f"http://10.0.0.{i}:8000", eng, acc, vendor,
                           {MODEL: SERVED}, {}, price)
              for i, (p, acc, vendor, eng, price) in enumerate(POOLS)]
     live = LiveFleet(infos, [endpoint_prior(i.accelerator, SERVED) for i in infos])

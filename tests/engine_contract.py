@@ -3,11 +3,11 @@
 The same assertions run over the recorded fixtures in ``tests/data`` (see its README), over
 the emulator's live output, and over a real vLLM/SGLang server (``make test-engines``). Each
 check takes what a client receives (SSE frames as split by ``SSEFramer``, an error body, a
-``/metrics`` text) and asserts the engine's documented shape (``shared/reference/engines.md``
+``/metrics`` text) and asserts the engine's documented shape (``docs/engines.md``
 §1.5-1.6, §2.5-2.6); values that differ between targets (ids, text, timings) are returned or
 only type-checked, so the caller can compare them.
 
-May touch: fleetgate.backends.sse, fleetgate.backends.engine_metrics, orjson, the files in
+May touch: fleetgate.backends.sse, fleetgate.backends.metrics, orjson, the files in
 tests/data. Must not touch: the network, the gateway, clocks.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from fleetgate.backends.engine_metrics import EngineLoad, parse_engine_metrics
+from fleetgate.backends.metrics import EngineLoad, parse_engine_metrics
 from fleetgate.backends.sse import DONE, SSEFramer, frame_data
 
 DATA_DIR = Path(__file__).parent / "data"

@@ -53,7 +53,7 @@ def free_port() -> int:
 
 def spawn_emulator(engine: str, gpu: str, models: list[str], *, speed: float = 20.0,
                    port: int = 0, extra: list[str] | None = None, timeout: float = 30.0) -> Proc:
-    cmd = [sys.executable, "-m", "fleetgate.backends.emulator", "--engine", engine, "--gpu", gpu,
+    cmd = [sys.executable, "-m", "fleetgate.emulator", "--engine", engine, "--gpu", gpu,
            "--port", str(port), "--speed", str(speed)]
     for m in models:
         cmd += ["--model", m]

@@ -90,7 +90,7 @@ def emulate(
     max_queued_requests: Annotated[Optional[int], typer.Option(help="queue cap")] = None,  # noqa: UP045
 ) -> None:
     """Run one emulated vLLM or SGLang engine server."""
-    from fleetgate.backends.emulator import EmulatorConfig, run_emulator
+    from fleetgate.emulator import EmulatorConfig, run_emulator
 
     if engine not in ENGINES or gpu not in GPUS:
         typer.echo(f"--engine must be one of {ENGINES}, --gpu one of {GPUS}", err=True)

@@ -18,7 +18,7 @@ import httpx
 import orjson
 import uvicorn
 
-from fleetgate.backends.emulator import EmulatorConfig, create_emulator_app
+from fleetgate.emulator import EmulatorConfig, create_emulator_app
 from procs import wait_for
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"

@@ -26,7 +26,7 @@ from emulator_harness import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from fleetgate.backends.emulator import start_emulator
+from fleetgate.emulator import start_emulator
 from procs import wait_for
 
 

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 import redis.asyncio as aioredis
 
-from fleetgate.gateway.store import (
+from fleetgate.state.store import (
     EndpointShare,
     FailoverLimitStore,
     FailoverSharedState,
@@ -25,7 +25,7 @@ from fleetgate.gateway.store import (
     StoreUnavailable,
     create_stores,
 )
-from fleetgate.gateway.store.redis import RedisLimits, RedisSharedState
+from fleetgate.state.store.redis import RedisLimits, RedisSharedState
 from store_redis import RedisServer, unique_prefix
 
 T0 = 1_790_000_000.0

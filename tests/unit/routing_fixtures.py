@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from fleetgate.config.schema import PolicyConfig
-from fleetgate.routing import EndpointInfo, LiveFleet, RoutingRequest, endpoint_prior
+from fleetgate.routing import Endpoint, RoutingRequest
 from fleetgate.routing.policies import build_pipeline
+from fleetgate.state.live import LiveFleet
+from fleetgate.state.prior import endpoint_prior
 
 MODEL = "llama-3.1-8b"
 SERVED = "meta-llama/Llama-3.1-8B-Instruct"
@@ -22,7 +24,7 @@ def make_fleet(rows: list[tuple[str, str, str, str, float]] | None = None,
                labels: dict[str, dict[str, str]] | None = None, ready: bool = True) -> LiveFleet:
     infos, priors = [], []
     for pool, acc, vendor, engine, price in rows or FLEET:
-        infos.append(EndpointInfo(f"{pool}-0", pool, f"http://{pool}", engine, acc, vendor,
+        infos.append(Endpoint(f"{pool}-0", pool, f"http://{pool}", engine, acc, vendor,
                                   {MODEL: SERVED}, (labels or {}).get(pool, {}), price))
         priors.append(endpoint_prior(acc, SERVED))
     live = LiveFleet(infos, priors, breaker_threshold=3, breaker_cooldown_s=5.0)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from routing_fixtures import make_fleet
 
-from fleetgate.routing.breaker import CircuitBreaker, HealthTracker
 from fleetgate.routing.plugins.pickers import MaxScore, PowerOfTwo, RoundRobin, WeightedRandom
+from fleetgate.state.breaker import CircuitBreaker, HealthTracker
 
 # (events, expected state, allows at t=now) ; events: ("f", t) failure, ("s",) success,
 # ("d", t) dispatch

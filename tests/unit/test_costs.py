@@ -13,14 +13,13 @@ import orjson
 import pytest
 from prometheus_client import CollectorRegistry
 
-from fleetgate.backends.endpoints import Endpoint
-from fleetgate.backends.engines import ENGINES
-from fleetgate.gateway.observe import AttemptResult
-from fleetgate.gateway.telemetry.costs import CostLedger, attempt_charge
+from fleetgate.catalog.engines import ENGINES
+from fleetgate.gateway.costs import CostLedger, attempt_charge
+from fleetgate.gateway.proxy.observer import AttemptResult
 from fleetgate.gateway.telemetry.logs import RequestLog
 from fleetgate.gateway.telemetry.metrics import GatewayMetrics
-from fleetgate.gateway.telemetry.observer import TelemetryObserver
-from fleetgate.routing import Decision, RoutingRequest
+from fleetgate.gateway.telemetry.recorder import TelemetryObserver
+from fleetgate.routing import Decision, Endpoint, RoutingRequest
 
 MODEL = "llama-3.1-8b"
 SERVED = "meta-llama/Llama-3.1-8B-Instruct"

@@ -1,4 +1,4 @@
-"""Table-driven tests of fleetgate.backends.engine_metrics over the engine fixtures."""
+"""Table-driven tests of fleetgate.backends.metrics over the engine fixtures."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from fleetgate.backends.engine_metrics import (
+from fleetgate.backends.metrics import (
     METRIC_NAMES,
     SIGNALS,
     EngineLoad,

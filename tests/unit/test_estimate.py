@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from routing_fixtures import MODEL, SERVED, make_fleet, pipeline, request
 
-from fleetgate.routing import EndpointInfo, LiveFleet, RoutingRequest, endpoint_prior
+from fleetgate.routing import Endpoint, RoutingRequest
 from fleetgate.routing.estimate import DEFAULT_MAX_TOKENS, SLO_HEADROOM, Estimates, Slo
 from fleetgate.routing.plugins.base import normalise_max_over, normalise_min_over
 from fleetgate.routing.plugins.pickers import (
@@ -29,6 +29,8 @@ from fleetgate.routing.plugins.pickers import (
     top_k,
 )
 from fleetgate.routing.types import HEALTH_CODES
+from fleetgate.state.live import LiveFleet
+from fleetgate.state.prior import endpoint_prior
 
 GPUS = ["mi300x", "mi325x", "mi355x", "h100", "h200", "b200", "cpu-test-box"]
 
@@ -38,7 +40,7 @@ def random_fleet(rng: random.Random, n: int) -> LiveFleet:
     for i in range(n):
         gpu = rng.choice(GPUS)
         models = {MODEL: SERVED} if i == 0 or rng.random() < 0.8 else {"other": "other"}
-        infos.append(EndpointInfo(f"{gpu}-{i}", f"{gpu}-pool", f"http://e{i}", "vllm", gpu,
+        infos.append(Endpoint(f"{gpu}-{i}", f"{gpu}-pool", f"http://e{i}", "vllm", gpu,
                                   "amd", models, {}, rng.choice([0.0, 1.99, 3.6, 6.0])))
         priors.append(endpoint_prior(gpu, SERVED, max_model_len=rng.choice([None, 2048])))
     live = LiveFleet(infos, priors, breaker_threshold=2, breaker_cooldown_s=5.0)
@@ -247,7 +249,7 @@ def test_b_max_is_exact_when_the_kv_cache_holds_a_whole_number_of_requests() -> 
     prior = endpoint_prior("mi325x", SERVED)
     for whole in (49, 52505):  # n + g; 49 * (1/49) < 1 in floating point
         batches = range(1, 256)
-        infos = [EndpointInfo(f"e{q}", "p", f"http://e{q}", "vllm", "mi325x", "amd",
+        infos = [Endpoint(f"e{q}", "p", f"http://e{q}", "vllm", "mi325x", "amd",
                               {MODEL: SERVED}, {}, 1.0) for q in batches]
         live = LiveFleet(infos, [replace(prior, kv_capacity_tokens=float(whole * q))
                                  for q in batches])

@@ -10,19 +10,16 @@ import dataclasses
 
 import pytest
 
-from fleetgate.backends.emulator.config import EmulatorConfig
-from fleetgate.backends.emulator.perfmodel import EngineSim, SchedulerConfig, TokenEvent
-from fleetgate.backends.hardware import (
-    GB,
-    GPUS,
-    MODEL_PROFILES,
-    GpuSpec,
+from fleetgate.catalog.gpus import GB, GPUS, GpuSpec
+from fleetgate.catalog.models import MODEL_PROFILES, profile_for_served_name
+from fleetgate.catalog.roofline import (
     StepLoad,
     kv_capacity_tokens,
     prior_decode_tokens_per_s,
-    profile_for_served_name,
     step_seconds,
 )
+from fleetgate.emulator.config import EmulatorConfig
+from fleetgate.emulator.perfmodel import EngineSim, SchedulerConfig, TokenEvent
 
 P8B = MODEL_PROFILES["llama-3.1-8b"]
 P70B = MODEL_PROFILES["llama-3.1-70b-fp8"]

@@ -5,10 +5,10 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from fleetgate.backends.engines import translate_guided
-from fleetgate.gateway.chat import _model_rewriter
+from fleetgate.catalog.engines import translate_guided
 from fleetgate.gateway.errors import normalise_upstream_error
-from fleetgate.gateway.stream import StreamRelay
+from fleetgate.gateway.proxy.service import _model_rewriter
+from fleetgate.gateway.proxy.stream import StreamRelay
 
 SERVED = "meta-llama/Llama-3.1-8B-Instruct"
 

@@ -18,14 +18,14 @@ from dataclasses import dataclass
 import pytest
 import redis.asyncio as aioredis
 
-from fleetgate.gateway.store import (
+from fleetgate.state.store import (
     EndpointShare,
     LimitStore,
     MemoryLimits,
     MemorySharedState,
     SharedState,
 )
-from fleetgate.gateway.store.redis import RedisLimits, RedisSharedState
+from fleetgate.state.store.redis import RedisLimits, RedisSharedState
 from store_redis import find_test_redis, unique_prefix
 
 T0 = 1_790_000_000.0  # wall-clock epoch seconds, as the gateway passes them

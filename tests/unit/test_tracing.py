@@ -16,12 +16,12 @@ from prometheus_client import CollectorRegistry
 from routing_fixtures import MODEL, SERVED, make_fleet, pipeline, request
 from test_costs import endpoint
 
-from fleetgate.gateway.observe import AttemptResult
-from fleetgate.gateway.telemetry.costs import CostLedger
+from fleetgate.gateway.costs import CostLedger
+from fleetgate.gateway.proxy.observer import AttemptResult
 from fleetgate.gateway.telemetry.logs import RequestLog
 from fleetgate.gateway.telemetry.metrics import GatewayMetrics
-from fleetgate.gateway.telemetry.observer import TelemetryObserver
 from fleetgate.gateway.telemetry.otlp import OtlpHttpExporter as Http
+from fleetgate.gateway.telemetry.recorder import TelemetryObserver
 from fleetgate.gateway.telemetry.tracing import Tracing, exporters_from_env
 
 ENDPOINT = "http://127.0.0.1:4318"

@@ -231,7 +231,7 @@ for flag in ("--model", "--host", "--port", "--served-model-name"):
 args, _ = p.parse_known_args()
 with open(os.environ["STAND_IN_RECORD"], "w") as f:
     json.dump({"argv": sys.argv[1:], "env": dict(os.environ)}, f)
-os.execv(sys.executable, [sys.executable, "-m", "fleetgate.backends.emulator", "--engine",
+os.execv(sys.executable, [sys.executable, "-m", "fleetgate.emulator", "--engine",
          "vllm", "--gpu", "h100", "--model", args.served_model_name, "--host", args.host,
          "--port", args.port, "--speed", "50"])
 '''

@@ -2,32 +2,27 @@
 
 Every model forbids unknown keys, so a typo fails loudly with its YAML path instead of being
 ignored. Values that matter have no silent defaults. Vendor and runtime follow from the
-accelerator (``ACCELERATORS``), so a config cannot say "mi300x on cuda".
+accelerator (``catalog.gpus.ACCELERATORS``), so a config cannot say "mi300x on cuda".
+Accelerator and engine names are checked against the catalog's keys, so a new GPU or
+engine is one catalog row. Strategy, picker, filter and scorer names are routing's
+business: ``routing.build_router`` checks them with their YAML paths (``fleetgate check``
+runs it too).
 
-May touch: pydantic only. Must not import any other fleetgate package (config is the leaf).
+May touch: pydantic, the catalog. Must not import any other fleetgate package.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 from urllib.parse import parse_qs, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-# accelerator -> (vendor, runtime); the GPU facts live in backends/hardware.py.
-ACCELERATORS: dict[str, tuple[str, str]] = {
-    "mi300x": ("amd", "rocm"),
-    "mi325x": ("amd", "rocm"),
-    "mi355x": ("amd", "rocm"),
-    "h100": ("nvidia", "cuda"),
-    "h200": ("nvidia", "cuda"),
-    "b200": ("nvidia", "cuda"),
-    "cpu": ("none", "cpu"),
-}
-Accelerator = Literal["mi300x", "mi325x", "mi355x", "h100", "h200", "b200", "cpu"]
-Engine = Literal["vllm", "sglang", "openai"]
-EMULATED_ENGINES = ("vllm", "sglang")
+from fleetgate.catalog.engines import API_NAMES, ENGINES
+from fleetgate.catalog.gpus import ACCELERATORS
+
+EMULATED_ENGINES = tuple(name for name, spec in ENGINES.items() if spec.emulated)
 EMULATED_QUERY_KEYS = {"profile", "speed", "stack", "tp", "max_queued_requests"}
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
@@ -63,20 +58,65 @@ def _check_endpoint(url: str) -> str:
     raise ValueError(f"{url!r}: scheme must be http, https or emulated")
 
 
+def _one_of(value: str, known: Any, what: str) -> str:
+    if value not in known:
+        raise ValueError(f"unknown {what} {value!r}; known: {', '.join(sorted(known))}")
+    return value
+
+
+class AutoscaleConfig(_Strict):
+    """Replica autoscaling of a pool, for ``fleetgate simulate`` (the gateway ignores it)."""
+
+    min_replicas: int = Field(default=1, ge=0)
+    max_replicas: int = Field(ge=1)
+    target_utilization: float = Field(default=0.7, gt=0, le=1)
+    cold_start_s: float = Field(default=60.0, ge=0)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscaleConfig:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("min_replicas must be <= max_replicas")
+        return self
+
+
 class PoolConfig(_Strict):
     """Replicas of one engine on one GPU type at one price."""
 
     name: str
-    accelerator: Accelerator
-    engine: Engine
+    accelerator: str
+    engine: str
     gpus_per_replica: int = Field(default=1, ge=1, le=64)
     price_per_gpu_hour: float = Field(ge=0)
     endpoints: list[str] = Field(min_length=1)
     models: dict[str, str] = Field(min_length=1, description="public name -> served name")
     labels: dict[str, str] = Field(default_factory=dict)
     max_model_len: int | None = Field(default=None, ge=1)
+    apis: list[str] | None = Field(default=None, min_length=1,
+                                   description="APIs the engine serves (default per engine)")
+    autoscale: AutoscaleConfig | None = None
 
     _name = field_validator("name")(_check_name)
+
+    @field_validator("accelerator")
+    @classmethod
+    def _accelerator(cls, value: str) -> str:
+        return _one_of(value, ACCELERATORS, "accelerator")
+
+    @field_validator("engine")
+    @classmethod
+    def _engine(cls, value: str) -> str:
+        return _one_of(value, ENGINES, "engine")
+
+    @field_validator("apis")
+    @classmethod
+    def _apis(cls, value: list[str] | None) -> list[str] | None:
+        for api in value or []:
+            _one_of(api, API_NAMES, "api")
+        return value
+
+    @property
+    def served_apis(self) -> tuple[str, ...]:
+        return tuple(self.apis) if self.apis else ENGINES[self.engine].apis
 
     @field_validator("endpoints")
     @classmethod
@@ -117,25 +157,14 @@ class FilterRef(_Strict):
     params: dict[str, Any] = Field(default_factory=dict)
 
 
-Strategy = Literal[
-    "cost", "latency", "least_loaded", "round_robin", "power_of_two", "affinity", "weighted"
-]
-
-
 class PolicyConfig(_Strict):
-    strategy: Strategy
+    strategy: str = Field(description="a routing strategy (routing/strategies.py)")
     slo: SloConfig = Field(default_factory=SloConfig)
     max_usd_per_mtok: float | None = Field(default=None, gt=0)
     filters: list[FilterRef] = Field(default_factory=list)
     scorers: list[ScorerRef] = Field(default_factory=list)
-    picker: Literal["max_score", "weighted_random", "power_of_two"] | None = None
+    picker: str | None = None
     max_attempts: int = Field(default=3, ge=1, le=10)
-
-    @model_validator(mode="after")
-    def _weighted_needs_scorers(self) -> PolicyConfig:
-        if self.strategy == "weighted" and not self.scorers:
-            raise ValueError("strategy 'weighted' needs at least one entry in 'scorers'")
-        return self
 
 
 class RouteMatch(_Strict):

@@ -34,22 +34,22 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from fleetgate.backends.health import background_session
+from fleetgate.backends.probes import background_session
 from fleetgate.backends.relay import AiohttpBackend, Backend, Timeouts
 from fleetgate.config import ConfigError, FleetConfig, default_config_path, load_config
-from fleetgate.gateway.api import admin, health, openai, registry
+from fleetgate.gateway.api import admin, health, openai, workers
 from fleetgate.gateway.auth import KeyTable
-from fleetgate.gateway.chat import ChatService, Generation
 from fleetgate.gateway.decisions import DecisionLog
 from fleetgate.gateway.errors import GatewayError, envelope, error_response, json_error
 from fleetgate.gateway.limits import LimitEnforcer, LimitsObserver
-from fleetgate.gateway.observe import CompositeObserver
+from fleetgate.gateway.proxy.observer import CompositeObserver
+from fleetgate.gateway.proxy.service import Generation, ProxyService
 from fleetgate.gateway.settings import Settings
 from fleetgate.gateway.state import AppState, build_generation
-from fleetgate.gateway.store import create_stores, new_replica_id
-from fleetgate.gateway.sync import PeerSync
 from fleetgate.gateway.telemetry import build_telemetry
 from fleetgate.gateway.telemetry import routes as telemetry_routes
+from fleetgate.state.store import create_stores, new_replica_id
+from fleetgate.state.sync import PeerSync
 
 log = logging.getLogger("fleetgate")
 
@@ -66,7 +66,7 @@ def create_app(settings: Settings, overrides: dict[str, Any] | None = None) -> S
             yield
 
     return Starlette(
-        routes=[*openai.routes, *health.routes, *admin.routes, *registry.routes,
+        routes=[*openai.routes, *health.routes, *admin.routes, *workers.routes,
                 *telemetry_routes.routes],
         lifespan=lifespan,
         middleware=[Middleware(AdminGate)],
@@ -102,7 +102,7 @@ async def _start(app: Starlette, settings: Settings, overrides: dict[str, Any],
     limits = LimitEnforcer(stores.limits)
     timeouts = Timeouts(settings.connect_timeout_s, settings.read_timeout_s,
                         settings.total_timeout_s)
-    chat = ChatService(current, backend, timeouts, DecisionLog(),
+    chat = ProxyService(current, backend, timeouts, DecisionLog(),
                        observer=CompositeObserver(telemetry.observer, LimitsObserver(limits)))
     state = AppState(settings, config, gen, chat, http, time.time(),
                      frozenset(config.public_models()), asyncio.Lock(), KeyTable(config.auth),

@@ -28,19 +28,19 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleetgate.backends.endpoints import Endpoint
+from fleetgate.catalog.pricing import charge_usd
 from fleetgate.config.schema import KeyLimits
 from fleetgate.gateway.auth import Principal
 from fleetgate.gateway.errors import RateLimited
-from fleetgate.gateway.observe import (
+from fleetgate.gateway.proxy.observer import (
     NOOP_ATTEMPT,
     NOOP_REQUEST,
     AttemptObserver,
     AttemptResult,
     RequestObserver,
 )
-from fleetgate.gateway.store import LimitStore
-from fleetgate.routing import Decision, RoutingRequest
+from fleetgate.routing import Decision, Endpoint, RoutingRequest
+from fleetgate.state.store import LimitStore
 
 log = logging.getLogger("fleetgate.limits")
 
@@ -52,7 +52,7 @@ NO_LIMITS = KeyLimits()
 def attempt_cost_usd(endpoint: Endpoint, result: AttemptResult) -> float:
     """The attempt's share of its replica's GPU time (docs/observability.md): replica $/s
     times the seconds it ran, divided by the requests sharing the replica meanwhile."""
-    return endpoint.price_per_replica_hour / 3600.0 * result.e2e_s / result.mean_concurrency
+    return charge_usd(endpoint.usd_per_s, result.e2e_s, result.mean_concurrency)
 
 
 @dataclass(slots=True)

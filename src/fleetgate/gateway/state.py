@@ -24,14 +24,14 @@ import aiohttp
 
 from fleetgate.config import ConfigError, FleetConfig, default_config_path, load_config
 from fleetgate.gateway.auth import KeyTable
-from fleetgate.gateway.chat import ChatService, Generation
-from fleetgate.gateway.fleet import Fleet
 from fleetgate.gateway.limits import LimitEnforcer
-from fleetgate.gateway.registry import Registration, RegistrationBody, endpoint_id, merge
+from fleetgate.gateway.proxy.service import Generation, ProxyService
+from fleetgate.gateway.registrations import Registration, RegistrationBody, endpoint_id, merge
 from fleetgate.gateway.settings import Settings
-from fleetgate.gateway.store import MemoryLimits, Stores
-from fleetgate.gateway.sync import PeerSync
 from fleetgate.routing import PolicyError, Router, build_router
+from fleetgate.state.fleet import Fleet
+from fleetgate.state.store import MemoryLimits, Stores
+from fleetgate.state.sync import PeerSync
 
 log = logging.getLogger("fleetgate")
 
@@ -41,8 +41,8 @@ class AppState:
     settings: Settings
     config: FleetConfig
     generation: Generation
-    chat: ChatService
-    http: aiohttp.ClientSession  # probes and scrapes (backends.health.background_session)
+    chat: ProxyService
+    http: aiohttp.ClientSession  # probes and scrapes (backends.probes.background_session)
     started_at: float
     models: frozenset[str]
     reload_lock: asyncio.Lock

@@ -1,13 +1,14 @@
-"""Routing: pure decisions from a request and an immutable snapshot of endpoint state."""
+"""Routing: pure decisions from a request and an immutable snapshot of endpoint state.
 
-from fleetgate.routing.live import LiveFleet
+No I/O, no awaits, no clocks: the same router runs in the live gateway and the simulator.
+"""
+
 from fleetgate.routing.policies import PolicyError, PolicyRouter, build_router
-from fleetgate.routing.prior import Prior, endpoint_prior
 from fleetgate.routing.router import Router
 from fleetgate.routing.types import (
     Candidate,
     Decision,
-    EndpointInfo,
+    Endpoint,
     RoutingRequest,
     Snapshot,
 )
@@ -15,14 +16,11 @@ from fleetgate.routing.types import (
 __all__ = [
     "Candidate",
     "Decision",
-    "EndpointInfo",
-    "LiveFleet",
+    "Endpoint",
     "PolicyError",
     "PolicyRouter",
-    "Prior",
     "Router",
     "RoutingRequest",
     "Snapshot",
     "build_router",
-    "endpoint_prior",
 ]

@@ -7,22 +7,7 @@ first (the attempt and retry order). Each stage works on whole columns (numpy, o
 loop) and keeps its mask, so why an endpoint was dropped is only worked out when someone
 asks (``Decision``).
 
-A policy with an SLO and ``slo_mode="prefer"`` (the ``cost`` strategy) ranks the endpoints
-predicted to meet the SLO first (by their weighted score), then the others fastest-first;
-when none meets it, the fastest leads. That is "the cheapest endpoint that meets the SLO,
-spilling to the next cheapest as load grows, the fastest when none can".
-
-Strategy presets (``STRATEGIES``), each overridable by a policy's own scorers / picker:
-
-| strategy | scorers (weight) | picker |
-|---|---|---|
-| cost | cost (1), with SLO preference | max_score |
-| latency | latency (1) | max_score |
-| least_loaded | queue (1), kv_headroom (0.25) | max_score |
-| round_robin | none | round_robin |
-| power_of_two | queue (1) | power_of_two |
-| affinity | affinity (1), queue (0.2) | max_score |
-| weighted | the policy's own | max_score |
+Strategy presets and the SLO modes are data in ``strategies.py``.
 
 May touch: numpy, routing plugins and types. Must not touch: I/O, asyncio, clocks.
 """
@@ -37,17 +22,8 @@ import numpy as np
 from fleetgate.routing.estimate import Estimates, Slo
 from fleetgate.routing.plugins import Bound, ScoringInput
 from fleetgate.routing.plugins.base import normalise_min_over
+from fleetgate.routing.strategies import SloMode
 from fleetgate.routing.types import PREFILTER, Decision, RoutingRequest, Snapshot
-
-STRATEGIES: dict[str, tuple[tuple[tuple[str, float], ...], str]] = {
-    "cost": ((("cost", 1.0),), "max_score"),
-    "latency": ((("latency", 1.0),), "max_score"),
-    "least_loaded": ((("queue", 1.0), ("kv_headroom", 0.25)), "max_score"),
-    "round_robin": ((), "round_robin"),
-    "power_of_two": ((("queue", 1.0),), "power_of_two"),
-    "affinity": ((("affinity", 1.0), ("queue", 0.2)), "max_score"),
-    "weighted": ((), "max_score"),
-}
 
 
 @dataclass
@@ -57,7 +33,7 @@ class Pipeline:
     filters: list[Bound] = field(default_factory=list)
     scorers: list[Bound] = field(default_factory=list)
     slo: Slo = field(default_factory=Slo)
-    prefer_slo: bool = False
+    slo_mode: SloMode = "ignore"
     max_attempts: int = 3
     _weights: list[float] = field(init=False, repr=False)  # scorer weights over their sum
 
@@ -104,7 +80,7 @@ class Pipeline:
             total = scores[self.scorers[0].name] * self._weights[0]
             for s, w in zip(self.scorers[1:], self._weights[1:], strict=True):
                 total += scores[s.name] * w
-        if not self.prefer_slo:
+        if self.slo_mode == "ignore":
             return total, f"{self.name}: best weighted score", False
         meets = est.meets_slo & alive
         meeting = int(np.count_nonzero(meets))

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 from fleetgate.config.schema import FleetConfig, PolicyConfig, RouteMatch
 from fleetgate.routing.estimate import Slo
-from fleetgate.routing.pipeline import STRATEGIES, Pipeline
+from fleetgate.routing.pipeline import Pipeline
 from fleetgate.routing.plugins import FILTERS, PICKERS, SCORERS, Bound, PluginError, bind
+from fleetgate.routing.strategies import STRATEGIES
 from fleetgate.routing.types import Decision, RoutingRequest, Snapshot
 
 
@@ -69,22 +70,31 @@ def build_router(config: FleetConfig, seed: int | None = None) -> PolicyRouter:
 
 def build_pipeline(name: str, policy: PolicyConfig, seed: int | None = None) -> Pipeline:
     where = f"policies.{name}"
-    preset_scorers, preset_picker = STRATEGIES[policy.strategy]
+    preset = STRATEGIES.get(policy.strategy)
+    if preset is None:
+        raise PluginError(f"{where}.strategy", f"unknown strategy {policy.strategy!r}; "
+                          f"known: {sorted(STRATEGIES)}")
+    if preset.needs_scorers and not policy.scorers:
+        raise PluginError(f"{where}.scorers",
+                          f"strategy {policy.strategy!r} needs at least one scorer")
     if policy.scorers:
         scorers = [bind(SCORERS, "scorer", s.name, s.params, f"{where}.scorers[{i}]", s.weight)
                    for i, s in enumerate(policy.scorers)]
     else:
         scorers = [bind(SCORERS, "scorer", n, {}, f"{where}.strategy", w)
-                   for n, w in preset_scorers]
+                   for n, w in preset.scorers]
     filters: list[Bound] = [bind(FILTERS, "filter", "context_fit", {}, f"{where}.filters")]
     filters += [bind(FILTERS, "filter", f.name, f.params, f"{where}.filters[{i}]")
                 for i, f in enumerate(policy.filters)]
     if policy.max_usd_per_mtok is not None:
         filters.append(bind(FILTERS, "filter", "max_cost",
                             {"usd_per_mtok": policy.max_usd_per_mtok}, f"{where}.max_usd_per_mtok"))
-    picker_name = policy.picker or preset_picker
+    picker_name = policy.picker or preset.picker
+    if picker_name not in PICKERS:
+        raise PluginError(f"{where}.picker", f"unknown picker {picker_name!r}; "
+                          f"known: {sorted(PICKERS)}")
     slo = Slo(ttft_s=policy.slo.ttft_ms / 1000 if policy.slo.ttft_ms else None,
               tpot_s=policy.slo.tpot_ms / 1000 if policy.slo.tpot_ms else None)
     return Pipeline(name=name, picker=PICKERS[picker_name](seed), filters=filters,
-                    scorers=scorers, slo=slo, prefer_slo=policy.strategy == "cost",
+                    scorers=scorers, slo=slo, slo_mode=preset.slo_mode,
                     max_attempts=policy.max_attempts)

@@ -19,6 +19,9 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from fleetgate.catalog.engines import ENGINES, EngineSpec
+from fleetgate.catalog.pricing import usd_per_second
+
 Health = Literal["pending", "ready", "not_ready"]
 HEALTH_CODES: dict[Health, int] = {"pending": 0, "ready": 1, "not_ready": 2}
 FloatArray = npt.NDArray[np.float64]
@@ -51,19 +54,41 @@ class RoutingRequest:
 
 
 @dataclass(frozen=True, slots=True)
-class EndpointInfo:
-    """Who an endpoint is (static for one config) plus its performance prior."""
+class Endpoint:
+    """One engine replica, as the config (or a worker's registration) describes it: who it
+    is, not how it is doing. Live state refers to it by position; ``id`` is ``<pool>-<n>``.
+    """
 
     id: str
     pool: str
-    url: str
-    engine: str
+    url: str  # the HTTP base URL once known (emulated endpoints get theirs at start)
+    engine: str  # a catalog.engines key
     accelerator: str
     vendor: str
     models: Mapping[str, str]  # public -> served
-    labels: Mapping[str, str]
-    price_per_replica_hour: float
+    labels: Mapping[str, str] = field(default_factory=dict)
+    price_per_gpu_hour: float = 0.0
     gpus_per_replica: int = 1
+    source: str = ""  # as configured: http://... or emulated://ENGINE/GPU?...
+    runtime: str = ""
+    max_model_len: int | None = None
+    apis: tuple[str, ...] = ()  # what the endpoint serves (catalog.engines.API_NAMES)
+
+    @property
+    def spec(self) -> EngineSpec:
+        return ENGINES[self.engine]
+
+    @property
+    def price_per_replica_hour(self) -> float:
+        return self.price_per_gpu_hour * self.gpus_per_replica
+
+    @property
+    def usd_per_s(self) -> float:
+        return usd_per_second(self.price_per_gpu_hour, self.gpus_per_replica)
+
+    @property
+    def is_emulated(self) -> bool:
+        return self.source.startswith("emulated://")
 
 
 # The live rows a decision reads (and a snapshot copies), then the ones it does not.
@@ -95,7 +120,7 @@ class Snapshot:
     one row per STATIC_COLUMNS name): the performance prior and the replica's $/s.
     """
 
-    endpoints: tuple[EndpointInfo, ...]
+    endpoints: tuple[Endpoint, ...]
     by_model: Mapping[str, IntArray]
     live: FloatArray
     static: FloatArray
@@ -121,7 +146,7 @@ class Snapshot:
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
-    endpoint: EndpointInfo
+    endpoint: Endpoint
     score: float
     scores: Mapping[str, float] = field(default_factory=dict)
 
@@ -143,7 +168,7 @@ class Decision:
     policy: str
     model: str
     reason: str
-    endpoints: tuple[EndpointInfo, ...] = ()
+    endpoints: tuple[Endpoint, ...] = ()
     idx: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.intp))
     order: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.intp))
     total: FloatArray | None = None
@@ -185,15 +210,15 @@ class Decision:
                 if self.alive[k] and int(k) not in head]
         return head + rest
 
-    def ranked_endpoints(self, limit: int) -> list[EndpointInfo]:
+    def ranked_endpoints(self, limit: int) -> list[Endpoint]:
         return [self.endpoints[self.idx[k]] for k in self.order[:limit]]
 
-    def attempts(self, limit: int) -> list[tuple[int, EndpointInfo]]:
+    def attempts(self, limit: int) -> list[tuple[int, Endpoint]]:
         """The first ``limit`` candidates to try: (candidate position, endpoint)."""
         return [(int(k), self.endpoints[self.idx[k]]) for k in self.order[:limit]]
 
     @property
-    def chosen(self) -> EndpointInfo | None:
+    def chosen(self) -> Endpoint | None:
         return self.endpoints[self.idx[self.order[0]]] if len(self.order) else None
 
     def candidate(self, k: int) -> Candidate:

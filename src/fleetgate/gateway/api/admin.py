@@ -9,7 +9,7 @@
 - ``GET /admin/costs``: what the traffic cost since start, per pool, per model, per pool and
   model, and per tenant: requests, tokens, GPU-hours, $ (failed attempts' share apart),
   $/Mtok and tokens per $ (output tokens, like the router), from the cost ledger
-  (``telemetry/costs.py`` has the attribution rule). Each pool row also carries its current
+  (``gateway/costs.py`` has the attribution rule). Each pool row also carries its current
   price and measured fleet $/Mtok from the live state for comparison.
 - ``POST /admin/reload``: re-read the config; a bad file changes nothing and the answer
   lists each error with its YAML path (HTTP 400).
@@ -26,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from fleetgate.catalog.pricing import usd_per_mtok, usd_per_second
 from fleetgate.config import ConfigError
 from fleetgate.gateway.api.openai import json_ok
 from fleetgate.gateway.errors import BadRequest, envelope
@@ -45,7 +46,7 @@ def endpoint_rows(state: AppState) -> list[dict[str, Any]]:
     for i, ep in enumerate(fleet.endpoints):
         row: dict[str, Any] = {
             "id": ep.id, "pool": ep.pool, "url": ep.url, "source": ep.source,
-            "engine": ep.engine.name, "accelerator": ep.accelerator, "vendor": ep.vendor,
+            "engine": ep.engine, "accelerator": ep.accelerator, "vendor": ep.vendor,
             "runtime": ep.runtime, "gpus_per_replica": ep.gpus_per_replica,
             "price_per_gpu_hour": ep.price_per_gpu_hour, "models": dict(ep.models),
         }
@@ -58,9 +59,9 @@ def endpoint_rows(state: AppState) -> list[dict[str, Any]]:
 def _unit_costs(usd_per_hour: float, tokens_per_s: float | None) -> dict[str, float | None]:
     if not tokens_per_s:
         return {"usd_per_mtok": None, "tokens_per_usd": None}
-    usd_per_token = usd_per_hour / 3600.0 / tokens_per_s
-    return {"usd_per_mtok": round(usd_per_token * 1e6, 6),
-            "tokens_per_usd": round(1.0 / usd_per_token, 1)}
+    per_mtok = usd_per_mtok(usd_per_second(usd_per_hour), tokens_per_s)
+    assert per_mtok is not None
+    return {"usd_per_mtok": round(per_mtok, 6), "tokens_per_usd": round(1e6 / per_mtok, 1)}
 
 
 def pool_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

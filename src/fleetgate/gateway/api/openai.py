@@ -1,6 +1,6 @@
 """OpenAI-compatible routes: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``.
 
-Each handler parses (``parse.py``), delegates to ``ChatService`` and lets the app's error
+Each handler parses (``parse.py``), delegates to ``ProxyService`` and lets the app's error
 handler map typed errors to the OpenAI envelope.
 
 May touch: starlette, gateway services. Must not touch: backends or routing internals.
@@ -24,8 +24,8 @@ from fleetgate.gateway.api.parse import (
     routing_request,
     wants_usage,
 )
-from fleetgate.gateway.chat import PreparedRequest
 from fleetgate.gateway.errors import BadRequest, NotFound
+from fleetgate.gateway.proxy.service import PreparedRequest
 from fleetgate.gateway.state import AppState
 
 

@@ -3,8 +3,8 @@
 ``build_telemetry(settings, fleet, env)`` is called once by the app's lifespan; the
 ``Telemetry`` it returns owns everything (a private metrics registry, the cost ledger, the
 tracer provider when ``OTEL_*`` asks for one) and is closed with the app. Its ``observer``
-is handed to ``ChatService``: the request path only ever sees the ``Observer`` seam of
-``gateway/observe.py``. Modules:
+is handed to ``ProxyService``: the request path only ever sees the ``Observer`` seam of
+``gateway/proxy/observer.py``. Modules:
 
 | module | holds |
 |---|---|
@@ -29,13 +29,13 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
-from fleetgate.gateway.fleet import Fleet
+from fleetgate.gateway.costs import CostLedger
 from fleetgate.gateway.settings import Settings
-from fleetgate.gateway.telemetry.costs import CostLedger
 from fleetgate.gateway.telemetry.logs import request_log
 from fleetgate.gateway.telemetry.metrics import new_registry
-from fleetgate.gateway.telemetry.observer import TelemetryObserver
+from fleetgate.gateway.telemetry.recorder import TelemetryObserver
 from fleetgate.gateway.telemetry.tracing import Tracing, start_tracing
+from fleetgate.state.fleet import Fleet
 
 
 @dataclass(slots=True)

@@ -25,8 +25,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from fleetgate.gateway.fleet import Fleet
+from fleetgate.catalog.pricing import usd_per_mtok
 from fleetgate.gateway.telemetry import names as n
+from fleetgate.state.fleet import Fleet
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
 TPOT_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
@@ -107,17 +108,16 @@ class FleetCollector:
         for i, ep in enumerate(fleet.endpoints):
             labels = [ep.id, ep.pool]
             by_name[n.M_EP_INFO].add_metric(
-                [ep.id, ep.pool, ep.accelerator, ep.vendor, ep.engine.name, ep.runtime], 1.0)
+                [ep.id, ep.pool, ep.accelerator, ep.vendor, ep.engine, ep.runtime], 1.0)
             for name, column, _ in _GAUGES:
                 _add(by_name[name], labels, float(columns[column][i]))
             st = fleet.live.stats[i]
             _add(by_name[n.M_EP_READY], labels, float(st.health.state == "ready"))
             _add(by_name[n.M_EP_BREAKER], labels, float(n.BREAKER_CODES[st.breaker.state]))
             _add(by_name[n.M_EP_PRICE], labels, ep.price_per_replica_hour)
-            tps = float(columns["tokens_per_s"][i])
-            if tps > 0:
-                _add(by_name[n.M_EP_USD_PER_MTOK], labels,
-                     ep.price_per_replica_hour / 3600.0 / tps * 1e6)
+            per_mtok = usd_per_mtok(ep.usd_per_s, float(columns["tokens_per_s"][i]))
+            if per_mtok is not None:
+                _add(by_name[n.M_EP_USD_PER_MTOK], labels, per_mtok)
         errors = fleet.collector.scrape_errors if fleet.collector else {}
         for ep in fleet.endpoints:
             by_name[n.M_SCRAPE_ERRORS].add_metric(

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from fleetgate.catalog.pricing import charge_usd
 from fleetgate.gateway.telemetry import names as n
 from fleetgate.routing import Decision
 from fleetgate.routing.estimate import DEFAULT_MAX_TOKENS
@@ -77,5 +78,4 @@ def _estimated_cost(decision: Decision, k: int, columns: list[tuple[str, list[fl
     active = float(decision.estimates["active"][k])
     if not (math.isfinite(e2e) and math.isfinite(active)):
         return None
-    usd_per_s = decision.endpoints[decision.idx[k]].price_per_replica_hour / 3600.0
-    return usd_per_s * e2e / max(1.0, active + 1.0)
+    return charge_usd(decision.endpoints[decision.idx[k]].usd_per_s, e2e, active + 1.0)

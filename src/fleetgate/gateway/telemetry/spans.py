@@ -26,11 +26,10 @@ from urllib.parse import urlsplit
 from opentelemetry.sdk.trace import Event
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from fleetgate.backends.endpoints import Endpoint
 from fleetgate.gateway.telemetry import names as n
 from fleetgate.gateway.telemetry.routespan import decision_attributes
 from fleetgate.gateway.telemetry.tracing import UNSET, Attributes, Trace, Tracing
-from fleetgate.routing import Decision, RoutingRequest
+from fleetgate.routing import Decision, Endpoint, RoutingRequest
 
 
 def _status(error_type: str | None, message: str | None) -> Status:
@@ -116,7 +115,7 @@ def _attempt_attributes(tracing: Tracing, operation: str, ep: Endpoint, served: 
         parts = urlsplit(ep.url)
         server = tracing.servers[ep.url] = (parts.hostname or ep.url, parts.port)
     attrs: Attributes = {
-        n.GENAI_OPERATION: operation, n.GENAI_PROVIDER: ep.engine.name,
+        n.GENAI_OPERATION: operation, n.GENAI_PROVIDER: ep.engine,
         n.GENAI_REQUEST_MODEL: served, n.SERVER_ADDRESS: server[0], n.POOL: ep.pool,
         n.ENDPOINT: ep.id, n.VENDOR: ep.vendor, n.ATTEMPT: number}
     if server[1] is not None:

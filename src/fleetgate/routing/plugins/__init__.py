@@ -1,7 +1,7 @@
 """The plugin registry: one explicit table of filters, scorers and pickers.
 
-A new routing idea is a new file here plus one line in the table; the pipeline never
-changes. ``build_filter``/``build_scorer`` validate the plugin's typed params when a policy
+A new routing idea is a new file here, named after its registry name, plus one line in the
+table; the pipeline never changes. ``bind`` validates a plugin's typed params when a policy
 is built (config load), so a bad policy fails loudly with its YAML path.
 
 May touch: the plugin modules, pydantic. Must not touch: I/O.
@@ -15,7 +15,20 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from fleetgate.routing.plugins import affinity, cost, filters, latency, load, pickers
+from fleetgate.routing.plugins import (
+    affinity,
+    context_fit,
+    cost,
+    kv_headroom,
+    latency,
+    max_cost,
+    max_queue,
+    meets_slo,
+    pickers,
+    queue,
+    select,
+    slo,
+)
 from fleetgate.routing.plugins.base import FilterFn, NoParams, ScorerFn, ScoringInput
 
 
@@ -26,18 +39,18 @@ class Plugin:
 
 
 FILTERS: dict[str, Plugin] = {
-    "select": Plugin(filters.select, filters.SelectParams),
-    "max_queue": Plugin(filters.max_queue, filters.MaxQueueParams),
-    "context_fit": Plugin(filters.context_fit, NoParams),
-    "meets_slo": Plugin(filters.meets_slo, NoParams),
-    "max_cost": Plugin(filters.max_cost, filters.MaxCostParams),
+    "select": Plugin(select.select, select.SelectParams),
+    "max_queue": Plugin(max_queue.max_queue, max_queue.MaxQueueParams),
+    "context_fit": Plugin(context_fit.context_fit, NoParams),
+    "meets_slo": Plugin(meets_slo.meets_slo, NoParams),
+    "max_cost": Plugin(max_cost.max_cost, max_cost.MaxCostParams),
 }
 SCORERS: dict[str, Plugin] = {
     "cost": Plugin(cost.cost, NoParams),
     "latency": Plugin(latency.latency, NoParams),
-    "slo": Plugin(latency.slo, NoParams),
-    "queue": Plugin(load.queue, NoParams),
-    "kv_headroom": Plugin(load.kv_headroom, NoParams),
+    "slo": Plugin(slo.slo, NoParams),
+    "queue": Plugin(queue.queue, NoParams),
+    "kv_headroom": Plugin(kv_headroom.kv_headroom, NoParams),
     "affinity": Plugin(affinity.affinity, NoParams),
 }
 PICKERS: dict[str, type] = {

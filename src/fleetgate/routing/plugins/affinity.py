@@ -19,7 +19,7 @@ import numpy as np
 
 from fleetgate.routing.compiled import compiled
 from fleetgate.routing.plugins.base import ScoringInput, per_fleet
-from fleetgate.routing.types import EndpointInfo, FloatArray
+from fleetgate.routing.types import Endpoint, FloatArray
 
 
 def affinity(inp: ScoringInput, _: object) -> FloatArray:
@@ -54,7 +54,7 @@ def _rendezvous(hashes: np.ndarray, idx: np.ndarray, key: np.uint64, mask: np.nd
     return winner
 
 
-def _id_hashes(endpoints: tuple[EndpointInfo, ...], _: None) -> np.ndarray:
+def _id_hashes(endpoints: tuple[Endpoint, ...], _: None) -> np.ndarray:
     return np.array([_hash(ep.id) for ep in endpoints], dtype=np.uint64)
 
 

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict
 from fleetgate.routing.compiled import compiled
 from fleetgate.routing.types import (
     BoolArray,
-    EndpointInfo,
+    Endpoint,
     FloatArray,
     IntArray,
     RoutingRequest,
@@ -51,8 +51,8 @@ K = TypeVar("K")
 _PER_FLEET: dict[tuple[int, int, int], tuple[object, object, object]] = {}
 
 
-def per_fleet(endpoints: tuple[EndpointInfo, ...], key: K,
-              build: Callable[[tuple[EndpointInfo, ...], K], T]) -> T:
+def per_fleet(endpoints: tuple[Endpoint, ...], key: K,
+              build: Callable[[tuple[Endpoint, ...], K], T]) -> T:
     """``build(endpoints, key)``, computed once per fleet (the endpoints tuple changes only on
     a reload or a registration) instead of once per request. ``key`` and ``build`` must be
     long-lived objects (a policy's params, a module function). Entries hold their fleet and

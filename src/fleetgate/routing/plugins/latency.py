@@ -1,15 +1,10 @@
-"""Latency scorers.
-
-- ``latency``: predicted end-to-end time of this request (TTFT + TPOT * (max_tokens - 1));
-  score = fastest / this.
-- ``slo``: 1 when the endpoint is predicted to meet the policy's SLO, else 0.
+"""``latency`` scorer: predicted end-to-end time of this request (TTFT + TPOT * (max_tokens
+- 1)); score = fastest / this.
 
 May touch: numpy. Must not touch: I/O.
 """
 
 from __future__ import annotations
-
-import numpy as np
 
 from fleetgate.routing.plugins.base import ScoringInput, normalise_min_over
 from fleetgate.routing.types import FloatArray
@@ -17,7 +12,3 @@ from fleetgate.routing.types import FloatArray
 
 def latency(inp: ScoringInput, _: object) -> FloatArray:
     return normalise_min_over(inp.est.e2e_s, inp.mask)
-
-
-def slo(inp: ScoringInput, _: object) -> FloatArray:
-    return np.asarray(inp.est.meets_slo, dtype=float)

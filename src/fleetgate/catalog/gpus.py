@@ -1,0 +1,137 @@
+"""The GPU catalog: ONE row per accelerator (datasheet figures and serving efficiencies).
+
+Facts from gpus.md (docs/gpus.md): HBM size and bandwidth,
+dense peak FLOPS per precision, a default $/GPU-hour (demos and priors only; the gateway
+takes real prices from its config), and per software stack ("stock" upstream release vs
+"tuned") the bandwidth and compute efficiencies and the per-step overhead the roofline model
+(``roofline.py``) uses. Adding a GPU is one row in ``GPUS``; the config schema, the
+emulator, the simulator and the cost prior all read it from here.
+
+``ACCELERATORS`` is what a pool's ``accelerator`` may say: every GPU row plus ``cpu`` (a CPU
+engine: vendor ``none``, runtime ``cpu``, no performance facts).
+
+May touch: nothing but the standard library (pure data). Must not touch: I/O, other packages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Stack = Literal["stock", "tuned"]
+Vendor = Literal["amd", "nvidia"]
+STACKS: tuple[Stack, ...] = ("stock", "tuned")
+GB = 1e9  # catalog sizes are decimal gigabytes, as datasheets print them
+
+
+@dataclass(frozen=True)
+class PerStack:
+    """One efficiency figure for the upstream release ("stock") and for a tuned stack."""
+
+    stock: float
+    tuned: float
+
+    def get(self, stack: str) -> float:
+        if stack not in STACKS:
+            raise ValueError(f"stack must be one of {STACKS}, got {stack!r}")
+        return self.stock if stack == "stock" else self.tuned
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One accelerator type: datasheet figures [S] and serving efficiencies [E]."""
+
+    name: str
+    vendor: Vendor
+    runtime: Literal["rocm", "cuda"]
+    hbm_gb: float
+    hbm_tb_s: float
+    bf16_tflops: float
+    fp8_tflops: float
+    fp4_tflops: float | None
+    default_price_per_gpu_hour: float
+    eta_bw: PerStack
+    eta_fl: PerStack
+    step_overhead_ms: PerStack
+    link_gb_s: float  # per-GPU, per-direction scale-up link bandwidth (NVLink / Infinity Fabric)
+    allreduce_latency_us: float  # alpha: fixed cost of one small all-reduce [E]
+    small_model_efficiency: PerStack = PerStack(1.0, 1.0)  # x eta below 20B active params [E]
+
+    def peak_flops(self, bytes_per_weight: float) -> float:
+        """Dense FLOP/s for the compute precision that matches the weights."""
+        if bytes_per_weight >= 2:
+            return self.bf16_tflops * 1e12
+        if bytes_per_weight >= 1 or self.fp4_tflops is None:
+            return self.fp8_tflops * 1e12
+        return self.fp4_tflops * 1e12
+
+
+def _gpu(
+    name: str,
+    vendor: Vendor,
+    hbm: float,
+    bw: float,
+    bf16: float,
+    fp8: float,
+    fp4: float | None,
+    price: float,
+    eta_bw: tuple[float, float],
+    eta_fl: tuple[float, float],
+    ovh: tuple[float, float],
+    link: float,
+    alpha: float,
+    small: tuple[float, float] = (1.0, 1.0),
+) -> GpuSpec:
+    return GpuSpec(
+        name=name,
+        vendor=vendor,
+        runtime="rocm" if vendor == "amd" else "cuda",
+        hbm_gb=hbm,
+        hbm_tb_s=bw,
+        bf16_tflops=bf16,
+        fp8_tflops=fp8,
+        fp4_tflops=fp4,
+        default_price_per_gpu_hour=price,
+        eta_bw=PerStack(*eta_bw),
+        eta_fl=PerStack(*eta_fl),
+        step_overhead_ms=PerStack(*ovh),
+        link_gb_s=link,
+        allreduce_latency_us=alpha,
+        small_model_efficiency=PerStack(*small),
+    )
+
+
+# gpus.md §6, one row per GPU: name, vendor, HBM GB, TB/s, BF16 / FP8 / FP4 dense TFLOPS,
+# mid $/GPU-hr, eta_bw, eta_fl and step overhead ms as (stock, tuned), link GB/s per
+# direction (NVLink4 450, NVLink5 900, MI300X/MI325X 7 x 64 GB/s Infinity Fabric, MI355X
+# 7 x 76.8), all-reduce alpha us, and the small-model efficiency multiplier (stock, tuned):
+# stock ROCm stacks lose much more on small dense models than on 70B (gpus.md: H200 beats
+# MI300X by 1.40-2.06x on Llama-8B at c=256 with the same vLLM, but not on 70B) [E].
+# fmt: off
+GPUS: dict[str, GpuSpec] = {
+    g.name: g
+    for g in (
+        _gpu("h100", "nvidia", 80, 3.35, 989, 1979, None, 2.95,
+             (0.52, 0.65), (0.40, 0.55), (2.0, 0.7), 450, 8),
+        _gpu("h200", "nvidia", 141, 4.8, 989, 1979, None, 3.60,
+             (0.52, 0.65), (0.40, 0.55), (2.0, 0.7), 450, 8),
+        _gpu("b200", "nvidia", 180, 7.7, 2250, 4500, 9000, 6.00,
+             (0.48, 0.65), (0.35, 0.55), (2.0, 0.7), 900, 6),
+        _gpu("mi300x", "amd", 192, 5.3, 1307.4, 2614.9, None, 2.00,
+             (0.42, 0.60), (0.30, 0.45), (3.0, 1.0), 448, 12, small=(0.70, 0.85)),
+        _gpu("mi325x", "amd", 256, 6.0, 1307.4, 2614.9, None, 2.25,
+             (0.42, 0.60), (0.30, 0.45), (3.0, 1.0), 448, 12, small=(0.70, 0.85)),
+        _gpu("mi355x", "amd", 288, 8.0, 2516.6, 5033.2, 10066, 3.00,
+             (0.40, 0.60), (0.28, 0.45), (3.0, 1.0), 537, 10, small=(0.70, 0.85)),
+    )
+}
+# fmt: on
+
+
+
+
+# accelerator -> (vendor, runtime), for the config: every GPU above plus a CPU engine.
+ACCELERATORS: dict[str, tuple[str, str]] = {
+    **{g.name: (g.vendor, g.runtime) for g in GPUS.values()},
+    "cpu": ("none", "cpu"),
+}

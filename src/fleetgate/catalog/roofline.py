@@ -1,0 +1,120 @@
+"""The roofline cost of one continuous-batching engine step, and the KV capacity of a replica.
+
+For a replica of tensor-parallel degree TP running a step that processes ``T`` tokens
+(decodes + prefill-chunk tokens), reads ``R`` KV-cache tokens and attends over ``A``
+(query, key) pairs (gpus.md §4.1):
+
+    t_mem  = (W/TP + kv·R/TP) / (η_bw·BW)
+    t_cmp  = (2·P_act·T + 4·L·d_model·A) / (TP·η_fl·F)
+    t_comm = 2·L·(alpha + 2·(TP-1)/TP · T·d_model·2 B / BW_link)        (0 when TP = 1)
+    t_step = max(t_mem, t_cmp) + t_comm + t_ovh
+
+W = weight bytes, kv = KV bytes per token, F = dense peak FLOPS of the weights' precision,
+η and t_ovh per software stack (``gpus.py``), both η scaled by the GPU's small-model factor
+for models under 20B active parameters. KV capacity:
+``K_max = (HBM·gpu_memory_utilization - W/TP - workspace)·TP / kv``.
+
+Used by the emulated engines, the simulator and the router's prior.
+
+May touch: the catalog's data modules, math. Must not touch: I/O, clocks, asyncio.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from fleetgate.catalog.gpus import GB, GpuSpec
+from fleetgate.catalog.models import ModelProfile
+
+
+def kv_capacity_tokens(
+    gpu: GpuSpec,
+    profile: ModelProfile,
+    tp: int = 1,
+    gpu_memory_utilization: float = 0.9,
+    workspace_gb: float = 1.0,
+) -> int:
+    """K_max: KV-cache tokens a replica can hold (0 when the weights do not fit)."""
+    free_per_gpu = gpu.hbm_gb * GB * gpu_memory_utilization - profile.weight_bytes / tp
+    free_per_gpu -= workspace_gb * GB
+    return max(0, math.floor(free_per_gpu * tp / profile.kv_bytes_per_token))
+
+
+def min_tensor_parallel(
+    gpu: GpuSpec,
+    profile: ModelProfile,
+    max_model_len: int,
+    gpu_memory_utilization: float = 0.9,
+    workspace_gb: float = 1.0,
+) -> int:
+    """Smallest power-of-two TP (<= 8) whose KV capacity holds one max_model_len sequence."""
+    for tp in (1, 2, 4, 8):
+        if (
+            kv_capacity_tokens(gpu, profile, tp, gpu_memory_utilization, workspace_gb)
+            >= max_model_len
+        ):
+            return tp
+    raise ValueError(f"{profile.name} does not fit on 8 x {gpu.name}")
+
+
+SMALL_MODEL_ACTIVE_PARAMS = 20e9
+
+
+def efficiency_scale(gpu: GpuSpec, profile: ModelProfile, stack: str) -> float:
+    """Multiplier on eta_bw and eta_fl: the GPU's small-model factor below 20B active params."""
+    if profile.active_params < SMALL_MODEL_ACTIVE_PARAMS:
+        return gpu.small_model_efficiency.get(stack)
+    return 1.0
+
+
+@dataclass(frozen=True)
+class StepLoad:
+    """What one engine step processes (see the module docstring for the symbols)."""
+
+    tokens: int  # T: decode tokens + prefill-chunk tokens
+    kv_tokens_read: float  # R: KV-cache tokens read (context of every sequence in the step)
+    attention_pairs: float  # A: sum over processed tokens of the context each attends to
+
+
+def step_seconds(
+    gpu: GpuSpec, profile: ModelProfile, load: StepLoad, tp: int = 1, stack: str = "stock"
+) -> float:
+    """Roofline duration of one continuous-batching step (module docstring formula)."""
+    scale = efficiency_scale(gpu, profile, stack)
+    bw = scale * gpu.eta_bw.get(stack) * gpu.hbm_tb_s * 1e12
+    flops = scale * gpu.eta_fl.get(stack) * gpu.peak_flops(profile.bytes_per_weight)
+    bytes_moved = (profile.weight_bytes + profile.kv_bytes_per_token * load.kv_tokens_read) / tp
+    t_mem = bytes_moved / bw
+    work = 2 * profile.active_params * load.tokens
+    work += 4 * profile.layers * profile.d_model * load.attention_pairs
+    t_cmp = work / (tp * flops)
+    t_comm = 0.0
+    if tp > 1:
+        per_reduce = gpu.allreduce_latency_us * 1e-6
+        per_reduce += 2 * (tp - 1) / tp * load.tokens * profile.d_model * 2 / (gpu.link_gb_s * GB)
+        t_comm = 2 * profile.layers * per_reduce
+    return max(t_mem, t_cmp) + t_comm + gpu.step_overhead_ms.get(stack) * 1e-3
+
+
+PRIOR_BATCH = 32
+PRIOR_CONTEXT_TOKENS = 2048
+
+
+def prior_decode_tokens_per_s(
+    gpu: GpuSpec, profile: ModelProfile, tp: int = 1, stack: str = "stock"
+) -> float:
+    """Ideal steady-state decode throughput of one replica, the router's cost prior.
+
+    Formula: B = min(32, K_max // 2048) sequences, each with a 2,048-token context, decode only
+    (prefill time excluded); one step reads the weights and B·2048 KV tokens, so
+    ``tokens/s = B / step_seconds(T=B, R=B·2048, A=B·2048)``. Returns 0 when the model does
+    not fit (K_max < 2048). A moderate batch, not the saturation point: it is what a replica
+    sustains with headroom for an SLO.
+    """
+    batch = min(PRIOR_BATCH, kv_capacity_tokens(gpu, profile, tp) // PRIOR_CONTEXT_TOKENS)
+    if batch <= 0:
+        return 0.0
+    context = batch * PRIOR_CONTEXT_TOKENS
+    load = StepLoad(tokens=batch, kv_tokens_read=context, attention_pairs=context)
+    return batch / step_seconds(gpu, profile, load, tp, stack)

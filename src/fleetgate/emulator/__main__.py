@@ -1,0 +1,70 @@
+"""``python -m fleetgate.emulator``: run one emulated engine server (argparse entry).
+
+The launcher uses it to start child emulators; ``fleetgate emulate`` is the user-facing
+command. May touch: argv, the launcher. Must not touch: anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from pydantic import ValidationError
+
+from fleetgate.emulator.config import EmulatorConfig
+from fleetgate.emulator.launcher import run_emulator
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m fleetgate.emulator",
+        description="Run an emulated vLLM or SGLang engine server.",
+    )
+    p.add_argument("--engine", required=True, choices=["vllm", "sglang"])
+    p.add_argument("--gpu", required=True)
+    p.add_argument(
+        "--model",
+        required=True,
+        action="append",
+        dest="models",
+        help="served model name (repeatable; vLLM reports the first)",
+    )
+    p.add_argument("--profile", default=None, help="model profile, e.g. llama-3.1-70b-fp8")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="0 = a free port")
+    p.add_argument("--speed", type=float, default=1.0, help="run the clock X times faster")
+    p.add_argument("--stack", default="stock", choices=["stock", "tuned"])
+    p.add_argument("--tp", type=int, default=None, help="tensor-parallel degree")
+    p.add_argument("--max-queued-requests", type=int, default=None)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument(
+        "--exit-on-stdin-eof",
+        action="store_true",
+        help="exit when stdin closes (set by the launcher: dies with its parent)",
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        config = EmulatorConfig(
+            engine=args.engine,
+            gpu=args.gpu,
+            served_models=args.models,
+            profile=args.profile,
+            speed=args.speed,
+            stack=args.stack,
+            tp=args.tp,
+            max_queued_requests=args.max_queued_requests,
+            max_model_len=args.max_model_len,
+        )
+    except ValidationError as exc:
+        print(f"invalid emulator settings:\n{exc}", file=sys.stderr)
+        return 2
+    run_emulator(config, args.host, args.port, exit_on_stdin_eof=args.exit_on_stdin_eof)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,124 @@
+"""What both emulated engines' bodies share: SSE framing, usage, filler text, model cards.
+
+The per-engine bodies live in formats_vllm.py (vLLM 0.33, engines.md §1.5-1.6) and
+formats_sglang.py (SGLang 0.5.23, §2.5-2.6); both implement ``WireFormat``. SSE frames are
+``data: <json>\n\n``, the stream always ends with ``data: [DONE]\n\n`` and the content type is
+``text/event-stream; charset=utf-8``.
+
+Generated text is deterministic filler: token i is the i-th word of a fixed cycle, with a
+leading space after the first; the EOS token that ends a natural stop has no text.
+
+May touch: orjson, the request description from parsing.py. Must not touch: I/O, clocks
+(``created`` comes in with the request), the engine.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import orjson
+
+from fleetgate.emulator.parsing import ParsedRequest
+
+VLLM_VERSION = "0.33.0"
+SGLANG_VERSION = "0.5.23"
+LLAMA3_EOS_TOKEN_ID = 128009
+DONE_FRAME = b"data: [DONE]\n\n"
+SSE_CONTENT_TYPE = "text/event-stream; charset=utf-8"
+_FILLER = (
+    "The quick brown fox jumps over the lazy dog while the engine streams one token per step "
+    "and every chunk arrives in order ."
+)
+_WORDS = tuple(_FILLER.split(" "))
+
+Json = dict[str, Any]
+
+
+def token_text(index: int, eos: bool = False) -> str:
+    """Deterministic text of output token ``index`` (EOS has none)."""
+    if eos:
+        return ""
+    word = _WORDS[index % len(_WORDS)]
+    return word if index == 0 else " " + word
+
+
+def sse(obj: Json) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def usage_body(req: ParsedRequest, completion_tokens: int) -> Json:
+    return {
+        "prompt_tokens": req.prompt_tokens,
+        "total_tokens": req.prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+    }
+
+
+class WireFormat(Protocol):
+    """What the server needs from an engine's wire format."""
+
+    def stream_start(self, req: ParsedRequest) -> list[Json]: ...
+
+    def stream_token(
+        self, req: ParsedRequest, text: str, completion_tokens: int, finish_reason: str | None
+    ) -> list[Json]: ...
+
+    def stream_end(self, req: ParsedRequest, completion_tokens: int) -> list[Json]: ...
+
+    def response(
+        self, req: ParsedRequest, text: str, completion_tokens: int, finish_reason: str
+    ) -> Json: ...
+
+    def error(
+        self,
+        status: int,
+        message: str,
+        err_type: str,
+        param: str | None = None,
+        *,
+        in_stream: bool = False,
+    ) -> Json: ...
+
+
+def response_object(req: ParsedRequest) -> str:
+    return "chat.completion" if req.kind == "chat" else "text_completion"
+
+
+def matched_stop(finish_reason: str | None) -> int | None:
+    return LLAMA3_EOS_TOKEN_ID if finish_reason == "stop" else None
+
+
+def model_cards(
+    engine: str, served: list[str], root: str, max_model_len: int, created: int, perm_ids: list[str]
+) -> Json:
+    """``GET /v1/models`` body (vLLM: one card per alias with a permission; SGLang: none)."""
+    cards: list[Json] = []
+    for name, perm in zip(served, perm_ids, strict=True):
+        card: Json = {
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": engine,
+            "root": root if engine == "vllm" else name,
+            "parent": None,
+            "max_model_len": max_model_len,
+        }
+        if engine == "vllm":
+            card["permission"] = [
+                {
+                    "id": perm,
+                    "object": "model_permission",
+                    "created": created,
+                    "allow_create_engine": False,
+                    "allow_sampling": True,
+                    "allow_logprobs": True,
+                    "allow_search_indices": False,
+                    "allow_view": True,
+                    "allow_fine_tuning": False,
+                    "organization": "*",
+                    "group": None,
+                    "is_blocking": False,
+                }
+            ]
+        cards.append(card)
+    return {"object": "list", "data": cards}

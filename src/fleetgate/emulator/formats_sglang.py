@@ -1,0 +1,154 @@
+"""SGLang 0.5.23 OpenAI-server bodies: chunks, responses and errors (engines.md §2.5, §2.6).
+
+Bare 32-hex ids, ``model`` echoes the client, ``reasoning_content: null`` in every chat delta,
+chunks only for non-empty text, a separate finish chunk with ``matched_stop`` (EOS id 128009
+for a natural stop), continuous usage independent of include_usage; errors flat
+``{"object": "error", message, type, param, code}``, nested only inside SSE error frames.
+
+May touch: formats.py helpers. Must not touch: I/O, clocks, the engine.
+"""
+
+from __future__ import annotations
+
+from fleetgate.emulator.formats import (
+    Json,
+    matched_stop,
+    response_object,
+    usage_body,
+)
+from fleetgate.emulator.parsing import ParsedRequest
+
+
+class SglangWire:
+    """SGLang 0.5.23 OpenAI server bodies (engines.md §2.5, §2.6)."""
+
+    def _chunk(self, req: ParsedRequest, choices: list[Json]) -> Json:
+        obj = "chat.completion.chunk" if req.kind == "chat" else "text_completion"
+        return {
+            "id": req.request_id,
+            "object": obj,
+            "created": req.created,
+            "model": req.model,
+            "choices": choices,
+        }
+
+    def _with_usage(self, req: ParsedRequest, chunk: Json, completion_tokens: int) -> Json:
+        if req.continuous_usage:
+            chunk["usage"] = usage_body(req, completion_tokens)
+        return chunk
+
+    def stream_start(self, req: ParsedRequest) -> list[Json]:
+        if req.kind != "chat":
+            return []
+        delta = {"role": "assistant", "content": "", "reasoning_content": None}
+        choice = {
+            "index": 0,
+            "delta": delta,
+            "logprobs": None,
+            "finish_reason": None,
+            "matched_stop": None,
+        }
+        return [self._with_usage(req, self._chunk(req, [choice]), 0)]
+
+    def stream_token(
+        self, req: ParsedRequest, text: str, completion_tokens: int, finish_reason: str | None
+    ) -> list[Json]:
+        matched = matched_stop(finish_reason)
+        if req.kind != "chat":  # completions: no separate finish chunk
+            choice = {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": finish_reason,
+                "matched_stop": matched,
+            }
+            return [self._with_usage(req, self._chunk(req, [choice]), completion_tokens)]
+        chunks: list[Json] = []
+        if text:
+            choice = {
+                "index": 0,
+                "delta": {"content": text, "reasoning_content": None},
+                "logprobs": None,
+                "finish_reason": None,
+                "matched_stop": None,
+            }
+            chunks.append(self._with_usage(req, self._chunk(req, [choice]), completion_tokens))
+        if finish_reason is not None:
+            choice = {
+                "index": 0,
+                "delta": {"reasoning_content": None},
+                "logprobs": None,
+                "finish_reason": finish_reason,
+                "matched_stop": matched,
+            }
+            chunks.append(self._with_usage(req, self._chunk(req, [choice]), completion_tokens))
+        return chunks
+
+    def stream_end(self, req: ParsedRequest, completion_tokens: int) -> list[Json]:
+        if not req.include_usage:
+            return []
+        usage = usage_body(req, completion_tokens) | {
+            "prompt_tokens_details": None,
+            "reasoning_tokens": 0,
+        }
+        if req.kind == "chat":
+            usage["completion_tokens_details"] = None
+        return [self._chunk(req, []) | {"usage": usage}]
+
+    def response(
+        self, req: ParsedRequest, text: str, completion_tokens: int, finish_reason: str
+    ) -> Json:
+        usage = usage_body(req, completion_tokens) | {
+            "prompt_tokens_details": None,
+            "reasoning_tokens": 0,
+        }
+        matched = matched_stop(finish_reason)
+        if req.kind == "chat":
+            message = {
+                "role": "assistant",
+                "content": text,
+                "reasoning_content": None,
+                "tool_calls": None,
+            }
+            choice: Json = {
+                "index": 0,
+                "message": message,
+                "logprobs": None,
+                "finish_reason": finish_reason,
+                "matched_stop": matched,
+            }
+        else:
+            choice = {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": finish_reason,
+                "matched_stop": matched,
+            }
+        return {
+            "id": req.request_id,
+            "object": response_object(req),
+            "created": req.created,
+            "model": req.model,
+            "choices": [choice],
+            "usage": usage,
+            "metadata": {"weight_version": "default"},
+        }
+
+    def error(
+        self,
+        status: int,
+        message: str,
+        err_type: str,
+        param: str | None = None,
+        *,
+        in_stream: bool = False,
+    ) -> Json:
+        flat = {
+            "object": "error",
+            "message": message,
+            "type": err_type,
+            "param": param,
+            "code": status,
+        }
+        return {"error": flat} if in_stream else flat

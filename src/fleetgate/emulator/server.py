@@ -1,0 +1,360 @@
+"""The ASGI app of an emulated vLLM 0.33 or SGLang 0.5.23 OpenAI-compatible server.
+
+``create_emulator_app(config)`` builds one ``EmulatedEngine`` (simulator, engine loop, wire
+format, metrics, faults, request log) and a Starlette app whose lifespan runs the engine loop.
+
+Engine routes (engines.md §1.3 and §2.3): ``POST /v1/chat/completions``, ``POST
+/v1/completions``, ``GET /v1/models``, ``GET /metrics``, ``GET /health``, ``GET /ping``;
+vLLM also ``/version``, ``/load`` (reports in-flight requests, as with
+``--enable-server-load-tracking``), ``POST /ping``, ``/metrics/``; SGLang also
+``/health_generate`` (``/health`` runs a 1-token generation through the engine, as SGLang's
+does), ``/ready``, ``/model_info`` (+ ``/get_model_info``), ``/v1/loads`` and ``POST
+/abort_request``.
+
+Control routes (ours, not the engine's; never affected by faults):
+
+* ``GET /emulator/requests`` -> ``{"requests": [{method, path, headers, body, received_at}]}``,
+  the last ``request_log_size`` inference/abort requests as received (headers lower-cased,
+  e.g. ``traceparent``, ``x-request-id``); ``DELETE`` clears the log;
+* ``GET|POST /emulator/faults`` -> read / change the fault knobs (faults.py);
+* ``GET /emulator/state`` -> running, waiting, in_flight, aborted, finished, kv usage, totals.
+
+Queue cap (``max_queued_requests``): when that many requests wait, vLLM answers a real HTTP
+503 before streaming; SGLang answers a streaming request with HTTP 200 + an SSE error frame +
+``[DONE]`` and a non-streaming one with a flat 503 (engines.md §2.6).
+
+Client disconnects (streaming or not) abort the request in the engine immediately.
+
+May touch: starlette, the emulator's own modules. Must not touch: global state (everything
+hangs off the ``EmulatedEngine`` built per app).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import time
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from http import HTTPStatus
+from typing import Any, Literal
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from fleetgate.emulator.config import EmulatorConfig
+from fleetgate.emulator.faults import FaultMiddleware, FaultPatch, FaultState
+from fleetgate.emulator.formats import (
+    DONE_FRAME,
+    SGLANG_VERSION,
+    SSE_CONTENT_TYPE,
+    VLLM_VERSION,
+    WireFormat,
+    model_cards,
+    sse,
+)
+from fleetgate.emulator.formats_sglang import SglangWire
+from fleetgate.emulator.formats_vllm import VllmWire
+from fleetgate.emulator.metrics import EngineMetrics
+from fleetgate.emulator.metrics_sglang import SglangMetrics
+from fleetgate.emulator.metrics_vllm import VllmMetrics
+from fleetgate.emulator.parsing import (
+    EngineError,
+    EngineLimits,
+    ParsedRequest,
+    decode_body,
+    parse_request,
+)
+from fleetgate.emulator.responses import EngineResponse, RequestLog, json_response
+from fleetgate.emulator.runtime import EngineRuntime
+
+HEALTH_TIMEOUT_S = 20.0
+
+
+class EmulatedEngine:
+    """Everything one emulated engine server owns; its methods are the routes."""
+
+    def __init__(self, config: EmulatorConfig) -> None:
+        self.config = config
+        self.engine: Literal["vllm", "sglang"] = config.engine
+        tp, first = config.tensor_parallel, config.served_models[0]
+        self.limits = EngineLimits(
+            config.engine,
+            tuple(config.served_models),
+            config.context_length,
+            config.natural_completion_tokens,
+        )
+        self.wire: WireFormat
+        self.metrics: EngineMetrics
+        if config.engine == "vllm":
+            self.wire = VllmWire(first, tp)
+            self.metrics = VllmMetrics(first, config.context_length)
+        else:
+            self.wire = SglangWire()
+            self.metrics = SglangMetrics(first, tp, config.context_length)
+        self.faults = FaultState()
+        self.runtime = EngineRuntime(
+            config.build_sim(), self.metrics, config.speed, lambda: self.faults.slow_factor
+        )
+        self.log = RequestLog(config.request_log_size)
+
+    def error_body(self, status: int, message: str) -> dict[str, Any]:
+        err_type = HTTPStatus(status).phrase if self.engine == "vllm" else str(status)
+        return self.wire.error(status, message, err_type)
+
+    def _error(self, exc: EngineError) -> Response:
+        return json_response(
+            self.wire.error(exc.status, exc.message, exc.err_type, exc.param), exc.status
+        )
+
+    # -- inference -----------------------------------------------------------------------
+    async def chat(self, request: Request) -> Any:
+        return await self._generate(request, "chat")
+
+    async def completions(self, request: Request) -> Any:
+        return await self._generate(request, "completion")
+
+    async def _generate(self, request: Request, kind: Literal["chat", "completion"]) -> Any:
+        try:
+            raw = await request.body()
+        except ClientDisconnect:
+            return Response(status_code=499)
+        self.log.record(request, raw)
+        try:
+            body = decode_body(raw, self.engine)
+            req = parse_request(kind, body, request.headers, self.limits, int(time.time()))
+        except EngineError as exc:
+            return self._error(exc)
+        cap = self.config.max_queued_requests
+        if cap is not None and self.runtime.sim.num_waiting >= cap:
+            return self._queue_full(req)
+        return EngineResponse(self.runtime, self.wire, self.runtime.submit(req))
+
+    def _queue_full(self, req: ParsedRequest) -> Response:
+        self.metrics.on_rejected()
+        if self.engine == "vllm":
+            message = (
+                f"The engine's request queue is full (max_num_queued_reqs="
+                f"{self.config.max_queued_requests}). Please retry later."
+            )
+            return json_response(self.wire.error(503, message, "Service Unavailable"), 503)
+        message = "The request queue is full."
+        if not req.stream:
+            return json_response(self.wire.error(503, message, "503"), 503)
+        frame = self.wire.error(503, message, "SERVICE_UNAVAILABLE", in_stream=True)
+        return Response(sse(frame) + DONE_FRAME, media_type=SSE_CONTENT_TYPE)
+
+    async def abort_request(self, request: Request) -> Response:
+        raw = await request.body()
+        self.log.record(request, raw)
+        try:
+            body = decode_body(raw or b"{}", self.engine)
+        except EngineError as exc:
+            return self._error(exc)
+        if body.get("abort_all"):
+            self.runtime.abort_all()
+        elif isinstance(body.get("rid"), str):
+            self.runtime.abort_request_id(body["rid"])
+        return Response(status_code=200)
+
+    # -- discovery and health ------------------------------------------------------------
+    async def models(self, request: Request) -> Response:
+        served = self.config.served_models
+        perms = [f"modelperm-{_hex16()}" for _ in served]
+        root = self.config.model_path or served[0]
+        return json_response(
+            model_cards(
+                self.engine, served, root, self.config.context_length, int(time.time()), perms
+            )
+        )
+
+    async def metrics_route(self, request: Request) -> Response:
+        payload, content_type = self.metrics.render(
+            request.headers.get("accept", ""), self.runtime.gauges()
+        )
+        return Response(payload, headers={"content-type": content_type})
+
+    async def ok(self, request: Request) -> Response:
+        return Response(status_code=200)
+
+    async def version(self, request: Request) -> Response:
+        return json_response({"version": VLLM_VERSION})
+
+    async def load(self, request: Request) -> Response:
+        return json_response({"server_load": self.runtime.in_flight})
+
+    async def health_generate(self, request: Request) -> Response:
+        """SGLang's /health: a 1-token generation through the engine, 200 once it yields."""
+        req = ParsedRequest(
+            kind="completion",
+            request_id=f"HEALTH_CHECK_{_hex16()}",
+            model="default",
+            created=int(time.time()),
+            prompt_tokens=1,
+            max_tokens=1,
+            finish_reason="length",
+            stream=False,
+            include_usage=False,
+            continuous_usage=False,
+        )
+        handle = self.runtime.submit(req, record=False)
+        try:
+            await asyncio.wait_for(handle.queue.get(), HEALTH_TIMEOUT_S)
+        except TimeoutError:
+            return Response(status_code=503)
+        finally:
+            self.runtime.abort(handle)
+        return Response(status_code=200)
+
+    async def model_info(self, request: Request) -> Response:
+        name = self.config.served_models[0]
+        path = self.config.model_path or name
+        return json_response(
+            {
+                "model_path": path,
+                "served_model_name": name,
+                "tokenizer_path": path,
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": "default",
+                "load_format": "auto",
+                "reasoning_parser": None,
+                "tool_call_parser": None,
+                "disaggregation_mode": "null",
+                "has_image_understanding": False,
+                "has_audio_understanding": False,
+                "model_type": "llama",
+                "architectures": [self.config.model_profile.architecture],
+            }
+        )
+
+    async def loads(self, request: Request) -> Response:
+        sim, now = self.runtime.sim, datetime.now(UTC).isoformat()
+        kv_gb = sim.kv_capacity_tokens * sim.profile.kv_bytes_per_token / 1e9
+        load = {
+            "timestamp": now,
+            "dp_rank": 0,
+            "num_running_reqs": sim.num_running,
+            "num_waiting_reqs": sim.num_waiting,
+            "num_waiting_uncached_tokens": sim.waiting_prompt_tokens(),
+            "num_used_tokens": sim.kv_used_tokens,
+            "max_total_num_tokens": sim.kv_capacity_tokens,
+            "max_running_requests": sim.scheduler.max_num_seqs,
+            "token_usage": sim.kv_usage,
+            "gen_throughput": self.runtime.gen_throughput(),
+            "cache_hit_rate": 0.0,
+            "utilization": 0.0,
+            "memory": {
+                "weight_gb": sim.profile.weight_bytes / sim.tp / 1e9,
+                "kv_cache_gb": kv_gb / sim.tp,
+                "graph_gb": 0.0,
+                "token_capacity": sim.kv_capacity_tokens,
+            },
+            "queues": {
+                "waiting": sim.num_waiting,
+                "grammar": 0,
+                "paused": 0,
+                "retracted": 0,
+                "prealloc_ready": 0,
+            },
+        }
+        return json_response(
+            {
+                "timestamp": now,
+                "version": SGLANG_VERSION,
+                "accelerator": sim.gpu.runtime,
+                "num_accelerators": sim.tp,
+                "loads": [load],
+            }
+        )
+
+    # -- control surface -----------------------------------------------------------------
+    async def emulator_requests(self, request: Request) -> Response:
+        if request.method == "DELETE":
+            self.log.clear()
+        return json_response({"requests": self.log.items()})
+
+    async def emulator_faults(self, request: Request) -> Response:
+        if request.method == "POST":
+            try:
+                self.faults.apply(FaultPatch.model_validate_json(await request.body()))
+                self.runtime.retime()
+            except ValueError as exc:
+                return json_response({"error": str(exc)}, 422)
+        return json_response(self.faults.snapshot())
+
+    async def emulator_state(self, request: Request) -> Response:
+        cfg = self.config
+        return json_response(
+            {
+                "engine": cfg.engine,
+                "gpu": cfg.gpu,
+                "stack": cfg.stack,
+                "tp": cfg.tensor_parallel,
+                "profile": cfg.model_profile.name,
+                "speed": cfg.speed,
+            }
+            | self.runtime.state()
+        )
+
+    def routes(self) -> list[Route]:
+        routes = [
+            Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/metrics", self.metrics_route, methods=["GET"]),
+            Route("/emulator/requests", self.emulator_requests, methods=["GET", "DELETE"]),
+            Route("/emulator/faults", self.emulator_faults, methods=["GET", "POST"]),
+            Route("/emulator/state", self.emulator_state, methods=["GET"]),
+        ]
+        if self.engine == "vllm":
+            return [
+                *routes,
+                Route("/metrics/", self.metrics_route, methods=["GET"]),
+                Route("/health", self.ok, methods=["GET"]),
+                Route("/ping", self.ok, methods=["GET", "POST"]),
+                Route("/version", self.version, methods=["GET"]),
+                Route("/load", self.load, methods=["GET"]),
+            ]
+        return [
+            *routes,
+            Route("/health", self.health_generate, methods=["GET"]),
+            Route("/health_generate", self.health_generate, methods=["GET"]),
+            Route("/ready", self.ok, methods=["GET"]),
+            Route("/ping", self.ok, methods=["GET"]),
+            Route("/model_info", self.model_info, methods=["GET"]),
+            Route("/get_model_info", self.model_info, methods=["GET"]),
+            Route("/v1/loads", self.loads, methods=["GET"]),
+            Route("/abort_request", self.abort_request, methods=["POST"]),
+        ]
+
+
+def _hex16() -> str:
+    return secrets.token_hex(8)
+
+
+def create_emulator_app(config: EmulatorConfig) -> Starlette:
+    """A fresh app (and engine) per call; the engine loop runs during the app's lifespan."""
+    engine = EmulatedEngine(config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await engine.runtime.start()
+        try:
+            yield
+        finally:
+            await engine.runtime.stop()
+
+    app = Starlette(
+        routes=engine.routes(),
+        lifespan=lifespan,
+        middleware=[
+            Middleware(FaultMiddleware, faults=engine.faults, error_body=engine.error_body)
+        ],
+    )
+    app.state.engine = engine
+    return app

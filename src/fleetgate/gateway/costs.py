@@ -1,0 +1,165 @@
+"""Cost accounting: what each upstream attempt is charged, and the ledger behind /admin/costs.
+
+The attribution rule (docs/observability.md "Cost accounting"), the same model as the
+router's (``routing/estimate.py``: $/token = replica $/s over the tokens/s it sustains):
+
+    replica $/s      = price_per_gpu_hour * gpus_per_replica / 3600
+    replica-seconds  = e2e_s / mean_concurrency      (the attempt's share of the replica while
+                       it ran: it shared it with ``mean_concurrency`` requests on average,
+                       the endpoint's in-flight count averaged at start and end, >= 1)
+    charge $         = replica $/s * replica-seconds
+    GPU-hours        = replica-seconds * gpus_per_replica / 3600
+
+A replica busy with B requests for T seconds is charged B * (T/B) = T replica-seconds: the
+charges add up to exactly what the busy replica cost, so $/Mtok measured here is the
+router's $/Mtok once the prediction is right. Idle time is charged to nobody (it is the
+pool's unused capacity, visible as the gap between its price and what it earned). Failed
+and cancelled attempts used the GPU and are charged by the same rule, but tallied apart
+(``failed_usd``) so waste is visible. $/Mtok and tokens per $ are per *output* token, like
+the router's, ``/admin/endpoints`` and the engines' own throughput counters.
+
+May touch: backends endpoint descriptions. Must not touch: HTTP, telemetry libraries, clocks
+other than the injected one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, fields
+from typing import Any
+
+from fleetgate.catalog.pricing import charge_usd, replica_seconds
+from fleetgate.routing import Endpoint
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    replica_seconds: float
+    gpu_seconds: float
+    usd: float
+
+
+def attempt_charge(endpoint: Endpoint, e2e_s: float, mean_concurrency: float) -> Charge:
+    """The attribution rule above, for one attempt on ``endpoint``."""
+    replica_s = replica_seconds(e2e_s, mean_concurrency)
+    return Charge(replica_s, replica_s * endpoint.gpus_per_replica,
+                  charge_usd(endpoint.usd_per_s, e2e_s, mean_concurrency))
+
+
+@dataclass(slots=True)
+class Tally:
+    """Running totals for one (pool, model, tenant)."""
+
+    requests: int = 0  # requests whose final attempt ran here
+    attempts: int = 0
+    failed_attempts: int = 0  # failed or cancelled
+    input_tokens: int = 0
+    output_tokens: int = 0
+    replica_seconds: float = 0.0
+    gpu_seconds: float = 0.0
+    usd: float = 0.0  # everything charged, failures included
+    failed_usd: float = 0.0  # the part charged to failed or cancelled attempts
+
+    def add_attempt(self, charge: Charge, ok: bool, input_tokens: int = 0,
+                    output_tokens: int = 0) -> None:
+        self.attempts += 1
+        self.replica_seconds += charge.replica_seconds
+        self.gpu_seconds += charge.gpu_seconds
+        self.usd += charge.usd
+        if ok:
+            self.input_tokens += input_tokens
+            self.output_tokens += output_tokens
+        else:
+            self.failed_attempts += 1
+            self.failed_usd += charge.usd
+
+    def merge(self, other: Tally) -> None:
+        for f in fields(Tally):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+
+@dataclass(frozen=True, slots=True)
+class PoolFacts:
+    accelerator: str
+    vendor: str
+    engine: str
+    gpus_per_replica: int
+    price_per_gpu_hour: float
+
+
+class CostLedger:
+    """Per (pool, model, tenant) tallies; aggregated per pool, model and tenant on demand."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self.since = clock()
+        self._tallies: dict[tuple[str, str, str], Tally] = {}
+        self._pools: dict[str, PoolFacts] = {}
+
+    def tally(self, endpoint: Endpoint, model: str, tenant: str) -> Tally:
+        """The tally an attempt on ``endpoint`` for ``model`` and ``tenant`` adds to."""
+        key = (endpoint.pool, model, tenant)
+        found = self._tallies.get(key)
+        if found is None:
+            found = self._tallies[key] = Tally()
+        self._pools[endpoint.pool] = PoolFacts(endpoint.accelerator, endpoint.vendor,
+                                               endpoint.engine, endpoint.gpus_per_replica,
+                                               endpoint.price_per_gpu_hour)
+        return found
+
+    def total_usd(self) -> float:
+        return sum(t.usd for t in self._tallies.values())
+
+    def report(self) -> dict[str, Any]:
+        """The body of ``GET /admin/costs``."""
+        items = list(self._tallies.items())
+        pools = []
+        for pool, tally in _group(items, lambda k: k[0]):
+            facts = self._pools.get(pool)
+            pools.append({"pool": pool, **(_facts(facts) if facts else {}), **_row(tally)})
+        return {
+            "since": self.since,
+            "seconds": round(self._clock() - self.since, 3),
+            "rule": "charge = price_per_gpu_hour * gpus_per_replica / 3600 * e2e_s / "
+                    "mean_concurrency; $/Mtok and tokens_per_usd count output tokens",
+            "total": _row(_sum(t for _, t in items)),
+            "pools": pools,
+            "models": [{"model": m, **_row(t)} for m, t in _group(items, lambda k: k[1])],
+            "pool_models": [{"pool": p, "model": m, **_row(t)}
+                            for (p, m), t in _group(items, lambda k: (k[0], k[1]))],
+            "tenants": [{"tenant": n, **_row(t)} for n, t in _group(items, lambda k: k[2])],
+        }
+
+
+def _sum(tallies: Iterable[Tally]) -> Tally:
+    total = Tally()
+    for t in tallies:
+        total.merge(t)
+    return total
+
+
+def _group(items: list[tuple[tuple[str, str, str], Tally]],
+           key: Callable[[tuple[str, str, str]], Any]) -> list[tuple[Any, Tally]]:
+    groups: dict[Any, Tally] = {}
+    for k, tally in items:
+        groups.setdefault(key(k), Tally()).merge(tally)
+    return sorted(groups.items(), key=lambda kv: str(kv[0]))
+
+
+def _facts(f: PoolFacts) -> dict[str, Any]:
+    return {"accelerator": f.accelerator, "vendor": f.vendor, "engine": f.engine,
+            "gpus_per_replica": f.gpus_per_replica, "price_per_gpu_hour": f.price_per_gpu_hour}
+
+
+def _row(t: Tally) -> dict[str, Any]:
+    usd = t.usd
+    return {
+        "requests": t.requests, "attempts": t.attempts, "failed_attempts": t.failed_attempts,
+        "input_tokens": t.input_tokens, "output_tokens": t.output_tokens,
+        "tokens": t.input_tokens + t.output_tokens,
+        "gpu_hours": t.gpu_seconds / 3600.0, "replica_hours": t.replica_seconds / 3600.0,
+        "usd": usd, "failed_usd": t.failed_usd,
+        "usd_per_mtok": usd / t.output_tokens * 1e6 if t.output_tokens else None,
+        "tokens_per_usd": t.output_tokens / usd if usd > 0 else None,
+    }

@@ -1,0 +1,167 @@
+"""The running fleet of one config: endpoints, their emulated engines, live state, collector.
+
+``Fleet`` owns what lives as long as one config: the emulated engine processes it started
+for ``emulated://`` endpoints (handed over to the next generation on reload when the same
+source is still configured), the ``LiveFleet`` state the router reads snapshots of, and the
+collector task. The clock is injected (``time.monotonic`` by default).
+
+``endpoints_of`` turns a pool of the config into ``routing.Endpoint`` rows and ``live_fleet``
+builds their live state from the catalog priors: the simulator builds its fleet with the
+same two functions. The emulator package is imported only when an ``emulated://`` endpoint
+is started.
+
+May touch: config, routing types, state, the emulator launcher, asyncio tasks.
+Must not touch: HTTP routes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING
+from urllib.parse import parse_qs, urlsplit
+
+import aiohttp
+
+from fleetgate.config.schema import FleetConfig, PoolConfig
+from fleetgate.routing import Endpoint, Snapshot
+from fleetgate.state.collector import Collector
+from fleetgate.state.live import LiveFleet
+from fleetgate.state.prior import Prior, endpoint_prior
+
+if TYPE_CHECKING:
+    from fleetgate.emulator import EmulatorHandle
+
+log = logging.getLogger("fleetgate.fleet")
+
+Clock = Callable[[], float]
+
+
+class Fleet:
+    def __init__(self, config: FleetConfig, http: aiohttp.ClientSession, *,
+                 interval_s: float = 1.0, stale_after_s: float = 10.0,
+                 clock: Clock = time.monotonic) -> None:
+        self.config = config
+        self.clock = clock
+        self._http = http
+        self._interval = interval_s
+        self._stale_after = stale_after_s
+        self.endpoints: list[Endpoint] = fleet_endpoints(config)
+        self.emulators: dict[str, EmulatorHandle] = {}  # keyed by endpoint source + models
+        self.live: LiveFleet = self._build_live()
+        self.collector: Collector | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self, adopt: dict[str, EmulatorHandle] | None = None,
+                    inherit: LiveFleet | None = None) -> None:
+        """Start emulated engines (adopting running ones), take over what the previous
+        generation's live state knew (``LiveFleet.inherit``), probe once, start collecting."""
+        await self._start_emulators(adopt or {})
+        self.live = self._build_live()
+        if inherit is not None:
+            carried = self.live.inherit(inherit, self.clock())
+            log.info("live state of %d of %d endpoints carried over", carried,
+                     len(self.endpoints))
+        self.collector = Collector(self.endpoints, self.live, self._http, lambda: self.clock())
+        await self.collector.tick()
+        self._task = asyncio.create_task(self.collector.run(self._interval),
+                                         name="fleetgate-collector")
+
+    async def stop(self, keep: set[str] | None = None) -> None:
+        """Stop collecting and every emulated engine except the sources in ``keep``."""
+        if self._task:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        doomed = [h for key, h in self.emulators.items() if key not in (keep or set())]
+        await asyncio.gather(*(h.stop() for h in doomed), return_exceptions=True)
+
+    def snapshot(self) -> Snapshot:
+        return self.live.snapshot(self.clock())
+
+    def index(self, endpoint_id: str) -> int:
+        return self.live.index[endpoint_id]
+
+    def _build_live(self) -> LiveFleet:
+        return live_fleet(self.endpoints, self._stale_after)
+
+    async def _start_emulators(self, adopt: dict[str, EmulatorHandle]) -> None:
+        wanted = {_emulator_key(ep): ep for ep in self.endpoints if ep.is_emulated}
+        self.emulators = {k: h for k, h in adopt.items() if k in wanted}
+        missing = [k for k in wanted if k not in self.emulators]
+        results = await asyncio.gather(*(_launch(wanted[k]) for k in missing),
+                                       return_exceptions=True)
+        for key, result in zip(missing, results, strict=True):
+            if not isinstance(result, BaseException):
+                self.emulators[key] = result
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            await self.stop(keep=set(adopt))
+            raise RuntimeError(f"could not start emulated engines: {failed[0]}") from failed[0]
+        self.endpoints = [replace(ep, url=self.emulators[_emulator_key(ep)].url)
+                          if ep.is_emulated else ep for ep in self.endpoints]
+        for key in missing:
+            log.info("started emulated engine %s at %s", key, self.emulators[key].url)
+
+
+def live_fleet(endpoints: list[Endpoint], stale_after_s: float = 10.0) -> LiveFleet:
+    """Live state for ``endpoints``, each starting from its catalog prior (the gateway and
+    the simulator build it the same way)."""
+    return LiveFleet(endpoints, [prior_of(ep) for ep in endpoints], stale_after_s=stale_after_s)
+
+
+def prior_of(ep: Endpoint) -> Prior:
+    """An endpoint's prior; an emulated one's ``speed``, ``tp``, ``stack`` and ``profile``
+    come from its ``emulated://`` URL."""
+    query = _query(ep.source)
+    scale = 1.0 / float(query.get("speed", 1.0)) if ep.is_emulated else 1.0
+    served = next(iter(ep.models.values()))
+    tp = int(query.get("tp", ep.gpus_per_replica))
+    return endpoint_prior(ep.accelerator, served, tp, query.get("stack", "stock"), scale,
+                          ep.max_model_len, query.get("profile"))
+
+
+def endpoints_of(pool: PoolConfig) -> list[Endpoint]:
+    """The endpoints one pool of the config describes, ``<pool>-<n>`` in order."""
+    return [
+        Endpoint(id=f"{pool.name}-{i}", pool=pool.name,
+                 url="" if src.startswith("emulated://") else src, engine=pool.engine,
+                 accelerator=pool.accelerator, vendor=pool.vendor, models=dict(pool.models),
+                 labels=dict(pool.labels), price_per_gpu_hour=pool.price_per_gpu_hour,
+                 gpus_per_replica=pool.gpus_per_replica, source=src, runtime=pool.runtime,
+                 max_model_len=pool.max_model_len, apis=pool.served_apis)
+        for i, src in enumerate(pool.endpoints)
+    ]
+
+
+def fleet_endpoints(config: FleetConfig) -> list[Endpoint]:
+    return [ep for pool in config.pools for ep in endpoints_of(pool)]
+
+
+def _emulator_key(ep: Endpoint) -> str:
+    return f"{ep.id}|{ep.source}|{','.join(sorted(set(ep.models.values())))}"
+
+
+def _query(source: str) -> dict[str, str]:
+    return {k: v[-1] for k, v in parse_qs(urlsplit(source).query).items()}
+
+
+async def _launch(ep: Endpoint) -> EmulatorHandle:
+    from fleetgate.emulator import start_emulator  # only a fleet with emulated:// needs it
+
+    parts = urlsplit(ep.source)
+    query = _query(ep.source)
+    return await start_emulator(
+        engine=parts.netloc,
+        gpu=parts.path.strip("/"),
+        served_models=sorted(set(ep.models.values())),
+        profile=query.get("profile"),
+        speed=float(query.get("speed", 1.0)),
+        stack=query.get("stack", "stock"),
+        tp=int(query.get("tp", ep.gpus_per_replica)),
+        max_queued_requests=int(query["max_queued_requests"])
+        if "max_queued_requests" in query else None,
+        max_model_len=ep.max_model_len,
+    )

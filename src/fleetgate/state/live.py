@@ -1,0 +1,335 @@
+"""Live endpoint state: the gateway's own measurements plus scraped engine load, per endpoint.
+
+``LiveFleet`` is written by the gateway (dispatch, first token, finish, failure, scrape,
+probe) and read by the router through ``snapshot(now)``, an immutable copy. Every method
+takes ``now`` from the caller, so tests drive it with a fake clock.
+
+What it keeps, per endpoint:
+- ``in_flight``: requests this gateway dispatched and has not seen finish (instant, exact).
+- ``queued``: the engine's waiting queue from the last scrape plus requests dispatched since
+  (scrapes are seconds stale; our own dispatches are not).
+- ``running``, ``kv_usage``: last scrape. Unknown (NaN) when the engine exports no metrics or
+  the scrape is stale, never 0.
+- EWMAs (alpha 0.2) of TTFT, TPOT (time per output token after the first), end-to-end
+  latency, error rate, and the engine's output tokens/s (from counter deltas between
+  scrapes); a window of the last 256 TTFT/TPOT samples for percentiles.
+- ``k_ttft``/``k_tpot``: learned corrections of the physics prior, updated with the ratio
+  of each measured value to the value the router predicted for that request.
+- the breaker (``block_until``: routing skips it until then) and the health state.
+- the rows a decision reads for every candidate, kept current as their inputs change (one
+  scalar update per event instead of a vector operation over the fleet per request):
+  ``active``, ``usable_from`` and ``stale_at`` (``types.Snapshot``).
+
+Capacity is normalised across GPU types by the prior: KV headroom is in tokens
+(``(1 - kv_usage) * kv_capacity_tokens``), not a percentage of 80 GB vs 288 GB.
+
+May touch: numpy, routing types, breaker/health. Must not touch: I/O, asyncio, clocks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from fleetgate.routing.types import (
+    HEALTH_CODES,
+    LIVE_COLUMNS,
+    LIVE_ROW,
+    ROUTED_COLUMNS,
+    STATIC_COLUMNS,
+    STATIC_ROW,
+    Endpoint,
+    Snapshot,
+    finite_or_none,
+)
+from fleetgate.state.breaker import CircuitBreaker, HealthTracker
+from fleetgate.state.prior import Prior
+
+ALPHA = 0.2
+K_LIMITS = (0.02, 50.0)
+_ROW = LIVE_ROW
+_ROUTED = len(ROUTED_COLUMNS)
+_IN_FLIGHT, _PEER_IN_FLIGHT = _ROW["in_flight"], _ROW["peer_in_flight"]
+_RUNNING, _QUEUED, _ACTIVE = _ROW["running"], _ROW["queued"], _ROW["active"]
+_HEALTH, _BLOCK, _PEER_BLOCK = _ROW["health"], _ROW["block_until"], _ROW["peer_block_until"]
+_CONTACT, _USABLE_FROM, _STALE_AT = _ROW["last_contact"], _ROW["usable_from"], _ROW["stale_at"]
+_NOT_READY, _PENDING = HEALTH_CODES["not_ready"], HEALTH_CODES["pending"]
+_NOT_DESCRIBED = ("health", "block_until", "last_contact", "usable_from", "stale_at")
+# What a new generation takes over from the old one for an endpoint at the same URL: what
+# the engine is doing and how it has behaved. The corrections of the prior only carry over
+# when the prior is the same (same GPU, model, TP, speed).
+_CARRIED = ("queued", "running", "kv_usage", "ttft_s", "tpot_s", "tokens_per_s", "health",
+            "block_until", "last_contact", "error_rate", "peer_in_flight", "peer_block_until")
+_CORRECTIONS = ("k_tpot", "k_ttft")
+_PRIOR_ROWS = [STATIC_ROW[name] for name in ("step_base_s", "step_per_ctx_token_s",
+                                             "prefill_s_per_token")]
+
+
+@dataclass(slots=True)
+class EndpointStats:
+    """Per-endpoint scalars that do not need to be columns."""
+
+    breaker: CircuitBreaker
+    health: HealthTracker = field(default_factory=HealthTracker)
+    dispatched_since_scrape: int = 0
+    scraped_waiting: float = math.nan
+    last_scrape_at: float = -math.inf
+    last_gen_total: float = math.nan
+    e2e_s: float = math.nan
+    requests: int = 0
+    failures: int = 0
+    output_tokens: int = 0
+    ttft_window: deque[float] = field(default_factory=lambda: deque(maxlen=256))
+    tpot_window: deque[float] = field(default_factory=lambda: deque(maxlen=256))
+
+
+class LiveFleet:
+    def __init__(self, endpoints: Sequence[Endpoint], priors: Sequence[Prior],
+                 breaker_threshold: int = 5, breaker_cooldown_s: float = 5.0,
+                 stale_after_s: float = 10.0) -> None:
+        self.endpoints = tuple(endpoints)
+        self.index = {ep.id: i for i, ep in enumerate(self.endpoints)}
+        n = len(self.endpoints)
+        self._live = np.full((len(LIVE_COLUMNS), n), np.nan)
+        for name in ("in_flight", "queued", "health", "block_until", "error_rate",
+                     "peer_in_flight", "peer_block_until", "active", "usable_from"):
+            self._live[_ROW[name]] = 0.0
+        self._live[_ROW["k_tpot"]] = self._live[_ROW["k_ttft"]] = 1.0
+        self._live[_ROW["last_contact"]] = -np.inf
+        self._live[_STALE_AT] = np.inf  # pending: never stale before the first contact
+        usd_per_s = [ep.usd_per_s for ep in self.endpoints]
+        self._static = np.array([usd_per_s if name == "usd_per_s" else
+                                 [getattr(p, name) for p in priors] for name in STATIC_COLUMNS],
+                                dtype=float).reshape(len(STATIC_COLUMNS), n)
+        self._static.setflags(write=False)
+        self.stale_after_s = stale_after_s
+        self.stats = [EndpointStats(CircuitBreaker(breaker_threshold, breaker_cooldown_s))
+                      for _ in self.endpoints]
+        models = sorted({m for ep in self.endpoints for m in ep.models})
+        self._by_model = {m: np.array([i for i, ep in enumerate(self.endpoints)
+                                       if m in ep.models], dtype=np.intp) for m in models}
+
+    # -- reading -------------------------------------------------------------------------
+    def snapshot(self, now: float) -> Snapshot:
+        live = self._live[:_ROUTED].copy()
+        live.setflags(write=False)  # no plugin can change what a decision was made on
+        return Snapshot(self.endpoints, self._by_model, live, self._static, now)
+
+    def column(self, name: str) -> Any:
+        """A copy of one live or static column now (for metrics and tests)."""
+        row = _ROW.get(name)
+        return (self._live[row] if row is not None else self._static[STATIC_ROW[name]]).copy()
+
+    def value(self, i: int, name: str) -> float:
+        return float(self._live[_ROW[name], i])
+
+    def ready_count(self) -> int:
+        return int(np.count_nonzero(self._live[_ROW["health"]] == HEALTH_CODES["ready"]))
+
+    def inherit(self, old: LiveFleet, now: float) -> int:
+        """Take over what ``old`` (the previous config's fleet) knew about the endpoints that
+        are still here, matched by URL: health, breaker, scraped load, measured rates and
+        (same prior only) the learned corrections, so a reload or a worker joining does not
+        make the router forget. In-flight counts stay with ``old``: its requests finish
+        there, and the engine's scraped running + queued stands for them until the next
+        scrape. Returns how many endpoints carried over."""
+        by_url = {ep.url: j for j, ep in enumerate(old.endpoints)}
+        carried = 0
+        for i, ep in enumerate(self.endpoints):
+            j = by_url.get(ep.url)
+            if j is None:
+                continue
+            rows = [_ROW[name] for name in _CARRIED]
+            if np.array_equal(old._static[_PRIOR_ROWS, j], self._static[_PRIOR_ROWS, i]):
+                rows += [_ROW[name] for name in _CORRECTIONS]
+            self._live[rows, i] = old._live[rows, j]
+            was = old.stats[j]
+            breaker = CircuitBreaker(self.stats[i].breaker.failure_threshold,
+                                     self.stats[i].breaker.cooldown_s, was.breaker.state,
+                                     was.breaker.consecutive_failures, was.breaker.opened_at)
+            if breaker.state == "half_open":  # its probe request belongs to the old fleet
+                breaker.state, breaker.opened_at = "open", now - breaker.cooldown_s
+            if breaker.state == "open":
+                self._live[_BLOCK, i] = breaker.opened_at + breaker.cooldown_s
+            self.stats[i] = replace(
+                was, breaker=breaker, dispatched_since_scrape=0,
+                health=replace(was.health),
+                ttft_window=deque(was.ttft_window, maxlen=was.ttft_window.maxlen),
+                tpot_window=deque(was.tpot_window, maxlen=was.tpot_window.maxlen))
+            self._derive_active(i)
+            self._derive_usable(i)
+            carried += 1
+        return carried
+
+    # -- the gateway's own measurements ------------------------------------------------
+    def on_dispatch(self, i: int, now: float) -> None:
+        self._live[_ROW["in_flight"], i] += 1
+        self._live[_ROW["queued"], i] += 1
+        st = self.stats[i]
+        st.dispatched_since_scrape += 1
+        st.requests += 1
+        st.breaker.on_dispatch(now)
+        if st.breaker.state == "half_open":
+            self._live[_ROW["block_until"], i] = np.inf  # one probe request at a time
+            self._derive_usable(i)
+        self._derive_active(i)
+
+    def on_first_token(self, i: int, ttft_s: float | None,
+                       predicted_ttft_s: float | None) -> None:
+        """The engine started answering (``ttft_s`` None: a non-streamed answer arrived)."""
+        self._live[_ROW["queued"], i] = max(0.0, self._live[_ROW["queued"], i] - 1)
+        self._derive_active(i)
+        if ttft_s is None:
+            return
+        self._ewma("ttft_s", i, ttft_s)
+        self.stats[i].ttft_window.append(ttft_s)
+        self._learn("k_ttft", i, ttft_s, predicted_ttft_s)
+
+    def on_finish(self, i: int, now: float, output_tokens: int, e2e_s: float,
+                  tpot_s: float | None, predicted_tpot_s: float | None) -> None:
+        """A request ended well (whole answer relayed)."""
+        self._release(i)
+        st = self.stats[i]
+        st.output_tokens += output_tokens
+        st.e2e_s = e2e_s if math.isnan(st.e2e_s) else st.e2e_s + ALPHA * (e2e_s - st.e2e_s)
+        if tpot_s is not None:
+            self._ewma("tpot_s", i, tpot_s)
+            st.tpot_window.append(tpot_s)
+            self._learn("k_tpot", i, tpot_s, predicted_tpot_s)
+        self._ewma("error_rate", i, 0.0)
+        self._live[_ROW["last_contact"], i] = now
+        st.breaker.on_success()
+        self._live[_ROW["block_until"], i] = 0.0
+        self._derive_usable(i)
+
+    def on_failure(self, i: int, now: float, counts_against_engine: bool = True) -> None:
+        """A request failed (before or after its first byte); the in-flight slot is freed."""
+        self._release(i)
+        st = self.stats[i]
+        st.failures += 1
+        if not counts_against_engine:
+            return
+        self._ewma("error_rate", i, 1.0)
+        st.breaker.on_failure(now)
+        if st.breaker.state == "open":
+            self._live[_ROW["block_until"], i] = st.breaker.opened_at + st.breaker.cooldown_s
+            self._derive_usable(i)
+
+    def on_cancel(self, i: int) -> None:
+        """The client went away: free the slot, learn nothing."""
+        self._release(i)
+
+    def on_refused(self, i: int, now: float, detail: str) -> None:
+        """The engine refused a connection: not ready, and its breaker opens at once."""
+        st = self.stats[i]
+        if st.health.on_refused(detail):
+            self._live[_ROW["health"], i] = HEALTH_CODES["not_ready"]
+        st.breaker.trip(now)
+        self._live[_ROW["block_until"], i] = now + st.breaker.cooldown_s
+        self._derive_usable(i)
+
+    # -- background signals ------------------------------------------------------------
+    def on_probe(self, i: int, now: float, ok: bool, detail: str) -> bool:
+        changed = self.stats[i].health.on_probe(ok, detail)
+        self._live[_ROW["health"], i] = HEALTH_CODES[self.stats[i].health.state]
+        if ok:
+            self._live[_ROW["last_contact"], i] = now
+        self._derive_usable(i)
+        return changed
+
+    def on_scrape(self, i: int, now: float, waiting: float | None, running: float | None,
+                  kv_usage: float | None, gen_tokens_total: float | None,
+                  gen_throughput: float | None) -> None:
+        st = self.stats[i]
+        elapsed = now - st.last_scrape_at
+        rate = gen_throughput
+        if rate is None and gen_tokens_total is not None and not math.isnan(st.last_gen_total):
+            delta = gen_tokens_total - st.last_gen_total
+            rate = delta / elapsed if elapsed > 0 and delta >= 0 else None
+        if rate is not None and rate > 0:
+            self._ewma("tokens_per_s", i, rate)
+        st.last_gen_total = math.nan if gen_tokens_total is None else gen_tokens_total
+        st.last_scrape_at = now
+        st.dispatched_since_scrape = 0
+        st.scraped_waiting = math.nan if waiting is None else waiting
+        self._live[_ROW["queued"], i] = 0.0 if waiting is None else waiting
+        self._live[_ROW["running"], i] = np.nan if running is None else running
+        self._live[_ROW["kv_usage"], i] = np.nan if kv_usage is None else kv_usage
+        self._live[_ROW["last_contact"], i] = now
+        self._derive_active(i)
+        self._derive_usable(i)
+
+    def on_peers(self, i: int, in_flight: float, block_until: float) -> None:
+        """The other gateway replicas' in-flight requests and breaker on this endpoint."""
+        self._live[_ROW["peer_in_flight"], i] = in_flight
+        self._live[_ROW["peer_block_until"], i] = block_until
+        self._derive_active(i)
+        self._derive_usable(i)
+
+    def expire_scrapes(self, now: float) -> None:
+        """Forget scraped load older than ``stale_after_s`` (unknown, not zero)."""
+        for i, st in enumerate(self.stats):
+            if now - st.last_scrape_at > self.stale_after_s and st.last_scrape_at > -math.inf:
+                self._live[_ROW["running"], i] = self._live[_ROW["kv_usage"], i] = np.nan
+                self._live[_ROW["queued"], i] = self._live[_ROW["in_flight"], i]
+                self._derive_active(i)
+
+    # -- helpers -------------------------------------------------------------------------
+    def _release(self, i: int) -> None:
+        self._live[_ROW["in_flight"], i] = max(0.0, self._live[_ROW["in_flight"], i] - 1)
+        self._derive_active(i)
+
+    def _derive_active(self, i: int) -> None:
+        """active = max(ours + peers', the engine's running + queued); NaN running -> ours."""
+        col = self._live[:, i]
+        ours = col[_IN_FLIGHT] + col[_PEER_IN_FLIGHT]
+        engine = col[_RUNNING] + col[_QUEUED]
+        col[_ACTIVE] = engine if engine > ours else ours
+
+    def _derive_usable(self, i: int) -> None:
+        col = self._live[:, i]
+        health = col[_HEALTH]
+        col[_USABLE_FROM] = np.inf if health == _NOT_READY else max(col[_BLOCK], col[_PEER_BLOCK])
+        col[_STALE_AT] = np.inf if health == _PENDING else col[_CONTACT] + self.stale_after_s
+
+    def _ewma(self, name: str, i: int, value: float) -> None:
+        row = _ROW[name]
+        old = self._live[row, i]
+        self._live[row, i] = value if np.isnan(old) else old + ALPHA * (value - old)
+
+    def _learn(self, name: str, i: int, measured: float, predicted: float | None) -> None:
+        if predicted is None or predicted <= 0 or measured <= 0:
+            return
+        row = _ROW[name]
+        ratio = measured / predicted
+        k = self._live[row, i] * (1 + ALPHA * (ratio - 1))
+        self._live[row, i] = min(max(k, K_LIMITS[0]), K_LIMITS[1])
+
+    def describe(self, i: int, now: float) -> dict[str, Any]:
+        """Everything known about one endpoint, for /admin/endpoints."""
+        st = self.stats[i]
+        row: dict[str, Any] = {name: _num(self._live[_ROW[name], i]) for name in LIVE_COLUMNS
+                               if name not in _NOT_DESCRIBED}
+        row.update({name: _num(self._static[r, i]) for r, name in enumerate(STATIC_COLUMNS)})
+        row.update({
+            "health": st.health.state, "health_detail": st.health.detail,
+            "breaker": st.breaker.state, "consecutive_failures": st.breaker.consecutive_failures,
+            "scrape_age_s": _num(now - st.last_scrape_at), "requests": st.requests,
+            "failures": st.failures, "output_tokens": st.output_tokens, "e2e_s": _num(st.e2e_s),
+            "ttft_p50_s": _pct(st.ttft_window, 50), "ttft_p95_s": _pct(st.ttft_window, 95),
+            "tpot_p50_s": _pct(st.tpot_window, 50), "tpot_p95_s": _pct(st.tpot_window, 95),
+        })
+        return row
+
+
+def _num(value: float) -> float | None:
+    return finite_or_none(float(value))
+
+
+def _pct(window: deque[float], q: float) -> float | None:
+    return _num(float(np.percentile(window, q))) if window else None

@@ -1,0 +1,153 @@
+"""In-memory stores: one replica, the default, and the fallback when Redis is down.
+
+Same semantics as the Redis stores (the contract suite runs against both), kept in this
+process's dicts:
+
+- ``MemorySharedState``: replica id -> (expires_at, shares) on an injected monotonic clock.
+  With one replica ``peers`` is always empty; it is real so the contract is the same.
+- ``MemoryLimits`` (``RateLimits`` + ``Budgets``): per key, a deque of ``(time, amount)``
+  entries plus their running total (trimmed from the left on every call, so a call costs
+  O(entries that expired)); concurrency holds as ``hold id -> expires_at``; spend as
+  ``(key, period) -> (total, expires_at)``.
+
+Nothing here awaits anything, so every method is atomic with respect to the event loop.
+
+May touch: ``base``. Must not touch: I/O, redis, asyncio primitives.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from fleetgate.state.store.base import EndpointShare, Verdict, fits
+
+
+class MemorySharedState:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._replicas: dict[str, tuple[float, dict[str, EndpointShare]]] = {}
+
+    async def publish(self, replica_id: str, shares: Mapping[str, EndpointShare],
+                      ttl_s: float) -> None:
+        self._replicas[replica_id] = (self._clock() + ttl_s, dict(shares))
+
+    async def peers(self, replica_id: str) -> dict[str, dict[str, EndpointShare]]:
+        now = self._clock()
+        for rid in [r for r, (exp, _) in self._replicas.items() if exp <= now]:
+            del self._replicas[rid]
+        return {rid: dict(shares) for rid, (_, shares) in self._replicas.items()
+                if rid != replica_id}
+
+    async def close(self) -> None:
+        self._replicas.clear()
+
+
+@dataclass(slots=True)
+class _Window:
+    """One key's sliding window: entries oldest first, and their sum."""
+
+    entries: deque[tuple[float, float]] = field(default_factory=deque)
+    total: float = 0.0
+
+    def trim(self, cutoff: float) -> None:
+        entries = self.entries
+        while entries and entries[0][0] <= cutoff:
+            self.total -= entries.popleft()[1]
+        if not entries:
+            self.total = 0.0  # no float drift survives an empty window
+
+    def add(self, t: float, amount: float) -> None:
+        entries = self.entries
+        if not entries or entries[-1][0] <= t:
+            entries.append((t, amount))
+        else:  # a caller's clock ran behind another's: keep the log ordered
+            i = len(entries)
+            while i > 0 and entries[i - 1][0] > t:
+                i -= 1
+            entries.insert(i, (t, amount))
+        self.total += amount
+
+    def retry_after(self, amount: float, limit: float, window_s: float, now: float) -> float:
+        if amount > limit:
+            return window_s
+        used = self.total
+        for t, a in self.entries:
+            used -= a
+            if fits(used, amount, limit):
+                return max(0.0, t + window_s - now)
+        return 0.0
+
+
+class MemoryLimits:
+    """``RateLimits`` and ``Budgets`` for one replica (``clock`` only expires spend totals;
+    windows and holds run on the caller's ``now``)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._windows: dict[str, _Window] = {}
+        self._holds: dict[str, dict[str, float]] = {}
+        self._spend: dict[tuple[str, str], tuple[float, float]] = {}
+        self._ids = itertools.count(1)
+
+    # -- RateLimits --------------------------------------------------------------------
+    async def take(self, key: str, amount: float, limit: float, window_s: float,
+                   now: float) -> Verdict:
+        w = self._window(key, window_s, now)
+        if not fits(w.total, amount, limit):
+            return Verdict(False, w.total, w.retry_after(amount, limit, window_s, now))
+        if amount > 0:
+            w.add(now, amount)
+        return Verdict(True, w.total, 0.0)
+
+    async def record(self, key: str, amount: float, window_s: float, now: float) -> None:
+        if amount > 0:
+            self._window(key, window_s, now).add(now, amount)
+
+    async def acquire(self, key: str, limit: int, ttl_s: float, now: float) -> str | None:
+        holds = self._holds.setdefault(key, {})
+        for hold_id in [h for h, exp in holds.items() if exp <= now]:
+            del holds[hold_id]
+        if len(holds) >= limit:
+            return None
+        hold_id = f"m{next(self._ids)}"
+        holds[hold_id] = now + ttl_s
+        return hold_id
+
+    async def release(self, key: str, hold_id: str) -> None:
+        holds = self._holds.get(key)
+        if holds is not None:
+            holds.pop(hold_id, None)
+            if not holds:
+                del self._holds[key]
+
+    # -- Budgets -----------------------------------------------------------------------
+    async def add_spend(self, key: str, usd: float, period_key: str, ttl_s: float) -> float:
+        total = await self.spent(key, period_key) + usd
+        self._spend[(key, period_key)] = (total, self._clock() + ttl_s)
+        return total
+
+    async def spent(self, key: str, period_key: str) -> float:
+        entry = self._spend.get((key, period_key))
+        if entry is None:
+            return 0.0
+        if entry[1] <= self._clock():
+            del self._spend[(key, period_key)]
+            return 0.0
+        return entry[0]
+
+    async def close(self) -> None:
+        self._windows.clear()
+        self._holds.clear()
+        self._spend.clear()
+
+    # -- helpers -----------------------------------------------------------------------
+    def _window(self, key: str, window_s: float, now: float) -> _Window:
+        w = self._windows.get(key)
+        if w is None:
+            w = self._windows[key] = _Window()
+        w.trim(now - window_s)
+        return w
