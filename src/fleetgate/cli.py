@@ -15,13 +15,28 @@ from typing import Annotated, Optional
 
 import typer
 
+from fleetgate.catalog.engines import ENGINES as CATALOG_ENGINES
+from fleetgate.catalog.gpus import GPUS as CATALOG_GPUS
 from fleetgate.config import ConfigError, FleetConfig, load_config
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="OpenAI-compatible gateway for mixed AMD + NVIDIA GPU fleets.")
 
-ENGINES = ["vllm", "sglang"]
-GPUS = ["mi300x", "mi325x", "mi355x", "h100", "h200", "b200"]
+ENGINES = [name for name, spec in CATALOG_ENGINES.items() if spec.emulated]
+GPUS = list(CATALOG_GPUS)
+
+
+def checked_config(path: Path) -> FleetConfig:
+    """Load a config and run every check ``serve`` and ``/admin/reload`` run (the schema,
+    then the policies' strategies, plugins and their params); raises ``ConfigError``."""
+    from fleetgate.routing import PolicyError, build_router
+
+    config = load_config(path)
+    try:
+        build_router(config)
+    except PolicyError as exc:
+        raise ConfigError(str(path), exc.errors) from None
+    return config
 
 
 @app.command()
@@ -39,7 +54,7 @@ def serve(
     settings = Settings.from_env(config_path=config, host=host, port=port)
     _logging(settings.log_level)
     try:  # fail before binding the port if the config is bad
-        load_config(settings.config_path) if settings.config_path else None
+        checked_config(settings.config_path) if settings.config_path else None
     except ConfigError as exc:
         _print_errors(exc)
         raise typer.Exit(1) from None
@@ -68,7 +83,7 @@ def _lift_open_files_limit(ceiling: int = 65536) -> None:
 def check(path: Annotated[Path, typer.Argument(help="config file to validate")]) -> None:
     """Validate a config and print the resolved fleet; exit 1 on errors."""
     try:
-        config = load_config(path)
+        config = checked_config(path)
     except ConfigError as exc:
         _print_errors(exc)
         raise typer.Exit(1) from None

@@ -220,7 +220,11 @@ async def test_killed_endpoint_fails_over_opens_breaker_and_recovers(
             fleet.clock = lambda: now[0]  # breaker cooldowns run on this clock
             client = _client(url)
             load = [asyncio.create_task(_stream(client, "llama-3.1-8b", 16)) for _ in range(8)]
-            await asyncio.sleep(0.01)
+            victim_i = fleet.index("victim-0")
+            for _ in range(500):  # bounded: until the load has reached the victim
+                if fleet.live.value(victim_i, "in_flight") > 0:
+                    break
+                await asyncio.sleep(0.01)
             victim.kill()
             after = [await _stream(client, "llama-3.1-8b", 4) for _ in range(10)]
             assert {r["pool"] for r in after} == {"other"}  # not one request failed

@@ -8,9 +8,9 @@ drive the failover logic with a primary that fails on demand, no Redis at all.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -150,10 +150,9 @@ def server() -> Iterator[RedisServer]:
 
 
 async def timed(coro):
-    start = time.monotonic()
-    result = await coro
-    assert time.monotonic() - start < 0.5, "a store call took longer than 0.5 s"
-    return result
+    """A store call must answer (or fail) rather than hang; 5 s is a hang guard, not a timing
+    claim (the store's own socket timeouts are far shorter)."""
+    return await asyncio.wait_for(coro, timeout=5.0)
 
 
 async def test_a_dead_redis_raises_store_unavailable_at_once(server: RedisServer) -> None:

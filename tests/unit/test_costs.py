@@ -15,7 +15,9 @@ from prometheus_client import CollectorRegistry
 
 from fleetgate.catalog.engines import ENGINES
 from fleetgate.gateway.costs import CostLedger, attempt_charge
+from fleetgate.gateway.proxy.apis import APIS
 from fleetgate.gateway.proxy.observer import AttemptResult
+from fleetgate.gateway.proxy.request import ProxyRequest
 from fleetgate.gateway.telemetry.logs import RequestLog
 from fleetgate.gateway.telemetry.metrics import GatewayMetrics
 from fleetgate.gateway.telemetry.recorder import TelemetryObserver
@@ -23,6 +25,12 @@ from fleetgate.routing import Decision, Endpoint, RoutingRequest
 
 MODEL = "llama-3.1-8b"
 SERVED = "meta-llama/Llama-3.1-8B-Instruct"
+
+def request_of(observer, request_id, path, routing, traceparent, body):  # type: ignore[no-untyped-def]
+    """``observer.request`` for a proxied request on ``path`` (the request object's fields)."""
+    api = next(a for a in APIS.values() if a.path == path)
+    return observer.request(ProxyRequest(api, routing, body, request_id, traceparent=traceparent))
+
 
 
 def endpoint(pool: str, accelerator: str, vendor: str, engine: str, price: float,
@@ -90,7 +98,7 @@ def _decision() -> Decision:
 
 def test_a_retried_request_is_charged_for_both_attempts() -> None:
     h = Harness()
-    req = h.observer.request("r1", "/v1/chat/completions", RoutingRequest(MODEL, stream=True),
+    req = request_of(h.observer, "r1", "/v1/chat/completions", RoutingRequest(MODEL, stream=True),
                              None, {"model": MODEL})
     req.routed(_decision())
     h.in_flight[H100.id] = 2.0  # two others on it throughout: mean of 3 (with us) and 2
@@ -166,7 +174,7 @@ def _check_report(report: dict, failed_usd: float, ok_usd: float) -> None:
 
 def test_cancelled_attempt_is_charged_as_waste_and_tenant_is_kept() -> None:
     h = Harness()
-    req = h.observer.request("r2", "/v1/completions",
+    req = request_of(h.observer, "r2", "/v1/completions",
                              RoutingRequest(MODEL, tenant="team-a"), "00-" + "ab" * 16 + "-" +
                              "cd" * 8 + "-01", {})
     req.routed(_decision())
@@ -188,7 +196,7 @@ def test_cancelled_attempt_is_charged_as_waste_and_tenant_is_kept() -> None:
 
 def test_no_capacity_is_counted_without_a_charge() -> None:
     h = Harness()
-    req = h.observer.request("r3", "/v1/chat/completions", RoutingRequest(MODEL), None, {})
+    req = request_of(h.observer, "r3", "/v1/chat/completions", RoutingRequest(MODEL), None, {})
     req.routed(_decision())
     req.end(503, "no endpoint can serve the model")
     assert h.sample("fleetgate_requests_total", model=MODEL, pool="none", endpoint="none",
@@ -201,6 +209,6 @@ def test_no_capacity_is_counted_without_a_charge() -> None:
 def test_request_log_can_be_off() -> None:
     h = Harness()
     h.observer.log = RequestLog(None)
-    req = h.observer.request("r4", "/v1/chat/completions", RoutingRequest(MODEL), None, {})
+    req = request_of(h.observer, "r4", "/v1/chat/completions", RoutingRequest(MODEL), None, {})
     req.end(200)
     assert h.lines == []

@@ -105,7 +105,7 @@ def test_kernel_matches_the_documented_formulas(seed: int) -> None:
     rng = random.Random(seed)
     live = random_fleet(rng, rng.choice([1, 5, 40]))
     snap = live.snapshot(rng.choice([1.0, 20.0]))
-    idx = snap.by_model[MODEL]
+    idx = snap.by_model[(MODEL, "chat")]
     for slo in (Slo(), Slo(ttft_s=1.5), Slo(tpot_s=0.03), Slo(ttft_s=0.5, tpot_s=0.004)):
         req = RoutingRequest(model=MODEL, prompt_chars=rng.choice([0, 900, 20000]),
                              max_tokens=rng.choice([None, 1, 300, 6000]))
@@ -255,7 +255,8 @@ def test_b_max_is_exact_when_the_kv_cache_holds_a_whole_number_of_requests() -> 
                                  for q in batches])
         snap = live.snapshot(0.0)
         req = RoutingRequest(model=MODEL, prompt_chars=0, max_tokens=whole - 8)
-        assert Estimates(snap, snap.by_model[MODEL], req, Slo()).b_max.tolist() == list(batches)
+        idx = snap.by_model[(MODEL, "chat")]
+        assert Estimates(snap, idx, req, Slo()).b_max.tolist() == list(batches)
 
 
 def test_pickers_asked_for_one_or_none() -> None:

@@ -7,6 +7,7 @@ import pytest
 
 from fleetgate.catalog.engines import translate_guided
 from fleetgate.gateway.errors import normalise_upstream_error
+from fleetgate.gateway.proxy.apis import APIS
 from fleetgate.gateway.proxy.service import _model_rewriter
 from fleetgate.gateway.proxy.stream import StreamRelay
 
@@ -29,6 +30,15 @@ def test_model_rewriter_identity_when_names_match() -> None:
     assert _model_rewriter("same", "same")(data) is data
 
 
+class NoAttempt:
+    """Stands in for the attempt: the relay only tells it when the first token came."""
+
+    first_tokens = 0
+
+    def first_token(self) -> None:
+        self.first_tokens += 1
+
+
 CONTENT = b'data: {"model":"m","choices":[{"delta":{"content":"hi"}}]}\n\n'
 USAGE = (b'data: {"model":"m","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2,'
          b'"total_tokens":5}}\n\n')
@@ -40,14 +50,14 @@ DONE = b"data: [DONE]\n\n"
     (False, CONTENT + DONE),
 ])
 def test_stream_relay_usage(wants: bool, expected: bytes) -> None:
-    relay = StreamRelay(wants, lambda d: d)
+    relay = StreamRelay(APIS["chat"], wants, lambda d: d, NoAttempt())
     assert relay.transform([CONTENT, USAGE, DONE]) == expected
     assert relay.usage == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
     assert relay.done
 
 
 def test_stream_relay_keeps_comments() -> None:
-    relay = StreamRelay(False, lambda d: d)
+    relay = StreamRelay(APIS["chat"], False, lambda d: d, NoAttempt())
     assert relay.transform([b": keep-alive\n\n", CONTENT]) == b": keep-alive\n\n" + CONTENT
     assert not relay.done
 

@@ -17,7 +17,9 @@ from routing_fixtures import MODEL, SERVED, make_fleet, pipeline, request
 from test_costs import endpoint
 
 from fleetgate.gateway.costs import CostLedger
+from fleetgate.gateway.proxy.apis import APIS
 from fleetgate.gateway.proxy.observer import AttemptResult
+from fleetgate.gateway.proxy.request import ProxyRequest
 from fleetgate.gateway.telemetry.logs import RequestLog
 from fleetgate.gateway.telemetry.metrics import GatewayMetrics
 from fleetgate.gateway.telemetry.otlp import OtlpHttpExporter as Http
@@ -43,6 +45,12 @@ def test_exporters_from_env(env: dict[str, str], kinds: list[type]) -> None:
     assert [type(e) for e in exporters] == kinds
     for e in exporters:
         e.shutdown()
+
+def request_of(observer, request_id, path, routing, traceparent, body):  # type: ignore[no-untyped-def]
+    """``observer.request`` for a proxied request on ``path`` (the request object's fields)."""
+    api = next(a for a in APIS.values() if a.path == path)
+    return observer.request(ProxyRequest(api, routing, body, request_id, traceparent=traceparent))
+
 
 
 def test_http_endpoint_gets_the_traces_path() -> None:
@@ -73,7 +81,7 @@ def _traced_request() -> tuple[list[ReadableSpan], list[dict[str, str]]]:
     decision = pipeline("cost", slo={"ttft_ms": 2000, "tpot_ms": 100}).route(
         request(), live.snapshot(1.0))
     first, second = decision.ranked_endpoints(2)
-    req = observer.request("rid-1", "/v1/chat/completions", request(stream=True),
+    req = request_of(observer, "rid-1", "/v1/chat/completions", request(stream=True),
                            f"00-{CALLER_TRACE}-{CALLER_SPAN}-01", {"temperature": 0.2})
     req.routed(decision)
     headers = []
@@ -155,7 +163,7 @@ def test_unsampled_request_writes_no_span_but_tells_the_engine() -> None:
     observer = TelemetryObserver(GatewayMetrics(CollectorRegistry()), CostLedger(),
                                  RequestLog(lines.append), Tracing(provider, [processor]),
                                  lambda _: 0.0)
-    req = observer.request("rid-2", "/v1/chat/completions", request(), None, {})
+    req = request_of(observer, "rid-2", "/v1/chat/completions", request(), None, {})
     attempt = req.attempt(endpoint("h100-vllm", "h100", "nvidia", "vllm", 2.0), SERVED, 0)
     version, trace, _, flags = attempt.headers()["traceparent"].split("-")
     assert version == "00" and not int(flags, 16) & 1  # the engine is told: not sampled

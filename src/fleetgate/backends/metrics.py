@@ -3,8 +3,8 @@
 The collector scrapes every endpoint's Prometheus exposition about once a second and turns
 it into an :class:`EngineLoad`. Engine differences are data (the catalog's ``MetricNames``
 per engine), not subclasses. Names and semantics follow vLLM 0.33.0
-(``vllm/v1/metrics/loggers.py``) and SGLang 0.5.23 (``sglang/srt/observability/metrics_collector.py``); see
-``docs/engines.md`` §1.2, §2.2 and §6.
+(``vllm/v1/metrics/loggers.py``) and SGLang 0.5.23
+(``sglang/srt/observability/metrics_collector.py``); see ``docs/engines.md`` §1.2, §2.2, §6.
 
 Aggregation rules (a replica can expose several series of one family):
 

@@ -1,17 +1,22 @@
-"""The ASGI app: ``create_app(settings, overrides)`` and the lifespan that owns every resource.
+"""The app: ``create_app(settings, overrides)`` (FastAPI) and the lifespan that owns every resource.
 
 The lifespan loads the config, opens the pooled relay client and the probe/scrape client
 (both aiohttp, apart), starts the fleet (emulated engines, health loop), builds the router
-and the chat service, and hangs them on ``app.state.fleetgate``; on shutdown it closes
-them in reverse. Nothing is global: tests build as many apps as they like, with
-``overrides`` replacing parts (``config``, ``backend``, ``router``, ``otel_env``: the
-``OTEL_*`` mapping tracing reads instead of ``os.environ``). Telemetry (``telemetry/``) is
-built here too and hangs on ``app.state.telemetry``; its tracer provider is flushed and
-shut down with the app.
+and the proxy service, and hangs them on ``app.state.fleetgate``; on shutdown it closes
+them in reverse. Nothing is global: tests build as many apps as they like, with a typed
+``Overrides`` replacing parts. Telemetry (``telemetry/``) is built here too and hangs on
+``app.state.telemetry``; its tracer provider is flushed and shut down with the app.
 
-Errors: typed ``GatewayError``s map to the OpenAI envelope; an unknown route or method gets
-the envelope too; any other exception is logged with its trace and answered with a plain
-500 envelope. A client never sees a stack trace or an HTML page.
+FastAPI serves ``/openapi.json`` and ``/docs``. The admin, registration, health and metrics
+routes are typed FastAPI routes (their models are in the document). The five OpenAI proxy
+routes are plain Starlette routes inside the same app, so the hot path reads the raw body
+and answers directly, with no per-request validation; ``_openapi`` adds their request
+bodies (``schemas.OPENAI_BODIES``) to the document for schema-driven clients and fuzzers.
+
+Errors: typed ``GatewayError``s map to the OpenAI envelope; a request FastAPI cannot
+validate gets a 400 envelope; an unknown route or method gets the envelope too; any other
+exception is logged with its trace and answered with a plain 500 envelope. A client never
+sees a stack trace or an HTML page.
 
 May touch: everything in gateway/, and the layers below it.
 """
@@ -22,11 +27,14 @@ import asyncio
 import logging
 import signal
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
-from starlette.applications import Starlette
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -34,78 +42,147 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from fleetgate import __version__
 from fleetgate.backends.probes import background_session
 from fleetgate.backends.relay import AiohttpBackend, Backend, Timeouts
 from fleetgate.config import ConfigError, FleetConfig, default_config_path, load_config
 from fleetgate.gateway.api import admin, health, openai, workers
+from fleetgate.gateway.api.schemas import OPENAI_BODIES, ErrorEnvelope, ModelList
 from fleetgate.gateway.auth import KeyTable
 from fleetgate.gateway.decisions import DecisionLog
 from fleetgate.gateway.errors import GatewayError, envelope, error_response, json_error
 from fleetgate.gateway.limits import LimitEnforcer, LimitsObserver
+from fleetgate.gateway.proxy.apis import APIS
 from fleetgate.gateway.proxy.observer import CompositeObserver
 from fleetgate.gateway.proxy.service import Generation, ProxyService
 from fleetgate.gateway.settings import Settings
-from fleetgate.gateway.state import AppState, build_generation
+from fleetgate.gateway.state import AppState, build_generation, served_models
 from fleetgate.gateway.telemetry import build_telemetry
 from fleetgate.gateway.telemetry import routes as telemetry_routes
+from fleetgate.routing import Router
 from fleetgate.state.store import create_stores, new_replica_id
 from fleetgate.state.sync import PeerSync
 
 log = logging.getLogger("fleetgate")
 
 
-def create_app(settings: Settings, overrides: dict[str, Any] | None = None) -> Starlette:
-    overrides = overrides or {}
+@dataclass(frozen=True, slots=True)
+class Overrides:
+    """Parts a test (or an embedding program) supplies instead of the defaults."""
+
+    config: FleetConfig | None = None  # instead of reading settings.config_path
+    backend: Backend | None = None  # the relay client (e.g. backends.fake.FakeBackend)
+    router: Router | None = None  # instead of building one from the config's policies
+    otel_env: Mapping[str, str] | None = None  # the OTEL_* variables, instead of os.environ
+
+
+def create_app(settings: Settings, overrides: Overrides | None = None) -> FastAPI:
+    parts = overrides or Overrides()
 
     @asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:
-            state = await _start(app, settings, overrides, stack)
+            state = await _start(app, settings, parts, stack)
             _announce(state.config, state)
             _install_sighup(state)
             yield
 
-    return Starlette(
-        routes=[*openai.routes, *health.routes, *admin.routes, *workers.routes,
-                *telemetry_routes.routes],
-        lifespan=lifespan,
-        middleware=[Middleware(AdminGate)],
-        exception_handlers={
-            GatewayError: _gateway_error,
-            HTTPException: _http_error,
-            Exception: _unexpected_error,
-        },
-    )
+    app = FastAPI(title="fleetgate", version=__version__, lifespan=lifespan,
+                  description="OpenAI-compatible inference gateway for mixed AMD + NVIDIA "
+                              "GPU fleets: routes by live latency, queue depth and $/GPU-hour.",
+                  docs_url="/docs", redoc_url=None, openapi_url="/openapi.json",
+                  middleware=[Middleware(AdminGate)],
+                  exception_handlers={
+                      GatewayError: _gateway_error,
+                      RequestValidationError: _invalid_request,
+                      HTTPException: _http_error,
+                      Exception: _unexpected_error,
+                  })
+    app.router.routes.extend(openai.routes)
+    for router in (health.router, admin.router, workers.router, telemetry_routes.router):
+        app.include_router(router)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    return app
 
 
-async def _start(app: Starlette, settings: Settings, overrides: dict[str, Any],
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's document plus the OpenAI proxy routes with their request bodies."""
+    if app.openapi_schema is not None:
+        return app.openapi_schema
+    doc = get_openapi(title=app.title, version=app.version, description=app.description,
+                      routes=app.routes)
+    schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+    schemas.update(ErrorEnvelope.model_json_schema(ref_template=REF)["$defs"])
+    schemas["ErrorEnvelope"] = _no_defs(ErrorEnvelope.model_json_schema(ref_template=REF))
+    error = {"description": "OpenAI error envelope",
+             "content": {"application/json": {"schema": {"$ref": REF.format(
+                 model="ErrorEnvelope")}}}}
+    for name, model in OPENAI_BODIES.items():
+        schema = model.model_json_schema(ref_template=REF)
+        schemas.update(schema.pop("$defs", {}))
+        schemas[model.__name__] = schema
+        doc["paths"][APIS[name].path] = {"post": {
+            "tags": ["openai"], "summary": f"{name} (relayed to a pool serving it)",
+            "operationId": f"{name}_create",
+            "requestBody": {"required": True, "content": {"application/json": {
+                "schema": {"$ref": REF.format(model=model.__name__)}}}},
+            "responses": {"200": {"description": "the engine's answer (JSON, or SSE when "
+                                  "stream is true)"},
+                          **{str(s): error for s in (400, 401, 404, 413, 429, 502, 503, 504)}},
+        }}
+    models = ModelList.model_json_schema(ref_template=REF)
+    schemas.update(models.pop("$defs", {}))
+    schemas["ModelList"] = models
+    doc["paths"]["/v1/models"] = {"get": {
+        "tags": ["openai"], "summary": "public models", "operationId": "models_list",
+        "responses": {"200": {"description": "the models", "content": {"application/json": {
+            "schema": {"$ref": REF.format(model="ModelList")}}}}, "401": error}}}
+    for operations in doc["paths"].values():  # invalid input is a 400 envelope, not a 422
+        for operation in operations.values():
+            if operation.get("responses", {}).pop("422", None) is not None:
+                operation["responses"]["400"] = error
+    for unused in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(unused, None)
+    app.openapi_schema = doc
+    return doc
+
+
+REF = "#/components/schemas/{model}"
+
+
+def _no_defs(schema: dict[str, Any]) -> dict[str, Any]:
+    schema.pop("$defs", None)
+    return schema
+
+
+async def _start(app: FastAPI, settings: Settings, overrides: Overrides,
                  stack: AsyncExitStack) -> AppState:
     """Build every resource; ``stack`` closes them in reverse order on shutdown."""
-    config: FleetConfig = overrides.get("config") or load_config(
+    config: FleetConfig = overrides.config or load_config(
         settings.config_path or default_config_path())
-    backend: Backend = overrides.get("backend") or AiohttpBackend()
+    backend: Backend = overrides.backend or AiohttpBackend()
     stack.push_async_callback(backend.close)
     http = background_session()
     stack.push_async_callback(http.close)
     stores = create_stores(settings.redis_url, prefix=settings.redis_prefix)
     stack.push_async_callback(stores.close)
-    gen = await build_generation(config, settings, http, overrides.get("router"))
+    gen = await build_generation(config, settings, http, overrides.router)
     ref: list[AppState] = []
     stack.push_async_callback(lambda: (ref[0].generation if ref else gen).fleet.stop())
 
     def current() -> Generation:
         return ref[0].generation if ref else gen
 
-    telemetry = build_telemetry(settings, lambda: current().fleet, overrides.get("otel_env"))
+    telemetry = build_telemetry(settings, lambda: current().fleet, overrides.otel_env)
     stack.push_async_callback(telemetry.close)
     app.state.telemetry = telemetry
     limits = LimitEnforcer(stores.limits)
     timeouts = Timeouts(settings.connect_timeout_s, settings.read_timeout_s,
                         settings.total_timeout_s)
-    chat = ProxyService(current, backend, timeouts, DecisionLog(),
-                       observer=CompositeObserver(telemetry.observer, LimitsObserver(limits)))
-    state = AppState(settings, config, gen, chat, http, time.time(),
-                     frozenset(config.public_models()), asyncio.Lock(), KeyTable(config.auth),
+    proxy = ProxyService(current, backend, timeouts, DecisionLog(),
+                         observer=CompositeObserver(telemetry.observer, LimitsObserver(limits)))
+    state = AppState(settings, config, gen, proxy, http, time.time(),
+                     served_models(gen.fleet.config), asyncio.Lock(), KeyTable(config.auth),
                      limits, stores=stores)
     ref.append(state)
     app.state.fleetgate = state
@@ -184,6 +261,15 @@ def _request_id_header(request: Request) -> dict[str, str]:
 async def _gateway_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, GatewayError)
     return error_response(exc, _request_id_header(request))
+
+
+async def _invalid_request(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestValidationError)
+    first = exc.errors()[0] if exc.errors() else {}
+    where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+    message = f"invalid request: {where + ': ' if where else ''}{first.get('msg', 'invalid')}"
+    return json_error(400, envelope(400, message, param=where or None),
+                      _request_id_header(request))
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

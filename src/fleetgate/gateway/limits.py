@@ -33,13 +33,13 @@ from fleetgate.config.schema import KeyLimits
 from fleetgate.gateway.auth import Principal
 from fleetgate.gateway.errors import RateLimited
 from fleetgate.gateway.proxy.observer import (
-    NOOP_ATTEMPT,
     NOOP_REQUEST,
     AttemptObserver,
     AttemptResult,
     RequestObserver,
 )
-from fleetgate.routing import Decision, Endpoint, RoutingRequest
+from fleetgate.gateway.proxy.request import ProxyRequest
+from fleetgate.routing import Decision, Endpoint
 from fleetgate.state.store import LimitStore
 
 log = logging.getLogger("fleetgate.limits")
@@ -67,7 +67,6 @@ class Admission:
 class LimitEnforcer:
     store: LimitStore
     clock: Callable[[], float] = time.time
-    pending: dict[str, Admission] = field(default_factory=dict)  # request id -> admission
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -81,7 +80,7 @@ class LimitEnforcer:
         if not task.cancelled() and task.exception() is not None:
             log.warning("limit bookkeeping failed: %s", task.exception())
 
-    async def admit(self, principal: Principal, request_id: str) -> Admission | None:
+    async def admit(self, principal: Principal) -> Admission | None:
         """Check every limit of the caller; None when it has none (nothing to settle)."""
         lim, key, now = principal.limits, principal.name, self.clock()
         if lim == NO_LIMITS:
@@ -103,7 +102,6 @@ class LimitEnforcer:
                                                       HOLD_TTL_S, now)
             if admission.hold is None:
                 raise _limited(f"key {key!r} already has {lim.concurrency} requests running", 1)
-        self.pending[request_id] = admission
         return admission
 
     async def _check_budget(self, principal: Principal, now: float) -> None:
@@ -125,9 +123,8 @@ class LimitEnforcer:
             for period, ttl in ((_day(now), 2 * 86400.0), (_month(now), 62 * 86400.0)):
                 await self.store.add_spend(f"usd:{p.tenant}", usd, period, ttl)
 
-    async def release(self, request_id: str) -> None:
-        admission = self.pending.pop(request_id, None)
-        if admission is not None and admission.hold is not None:
+    async def release(self, admission: Admission) -> None:
+        if admission.hold is not None:
             await self.store.release(f"conc:{admission.principal.name}", admission.hold)
 
 
@@ -156,31 +153,25 @@ class LimitsObserver:
     def __init__(self, enforcer: LimitEnforcer) -> None:
         self._enforcer = enforcer
 
-    def request(self, request_id: str, path: str, routing: RoutingRequest,
-                traceparent: str | None, body: dict[str, Any]) -> RequestObserver:
-        admission = self._enforcer.pending.get(request_id)
-        if admission is None:  # a caller without limits: nothing to settle
+    def request(self, req: ProxyRequest) -> RequestObserver:
+        if req.admission is None:  # a caller without limits: nothing to settle
             return NOOP_REQUEST
-        return _Settle(self._enforcer, request_id, admission)
+        return _Settle(self._enforcer, req.admission)
 
 
 @dataclass(slots=True)
 class _Settle:
     enforcer: LimitEnforcer
-    request_id: str
-    admission: Admission | None
+    admission: Admission
 
     def routed(self, decision: Decision) -> None:
         pass
 
     def attempt(self, endpoint: Endpoint, served_model: str, number: int) -> AttemptObserver:
-        if self.admission is None:
-            return NOOP_ATTEMPT
         return _SettleAttempt(self, endpoint)
 
     def end(self, status: int, error: str | None = None) -> None:
-        if self.admission is not None:
-            self.enforcer.spawn(self.enforcer.release(self.request_id))
+        self.enforcer.spawn(self.enforcer.release(self.admission))
 
 
 @dataclass(slots=True)
@@ -197,10 +188,9 @@ class _SettleAttempt:
     def finished(self, result: AttemptResult) -> None:
         usage = result.usage or {}
         tokens = float(usage.get("total_tokens") or 0)
-        admission = self.parent.admission
-        assert admission is not None
         enforcer = self.parent.enforcer
-        enforcer.spawn(enforcer.record(admission, tokens, attempt_cost_usd(self.endpoint, result)))
+        enforcer.spawn(enforcer.record(self.parent.admission, tokens,
+                                       attempt_cost_usd(self.endpoint, result)))
 
     def failed(self, status: int, error: str) -> None:
         pass

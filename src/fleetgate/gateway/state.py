@@ -41,10 +41,10 @@ class AppState:
     settings: Settings
     config: FleetConfig
     generation: Generation
-    chat: ProxyService
+    proxy: ProxyService
     http: aiohttp.ClientSession  # probes and scrapes (backends.probes.background_session)
     started_at: float
-    models: frozenset[str]
+    models: dict[str, frozenset[str]]  # public model -> the APIs some pool serves it over
     reload_lock: asyncio.Lock
     keys: KeyTable = field(default_factory=lambda: KeyTable(None))
     limits: LimitEnforcer = field(default_factory=lambda: LimitEnforcer(MemoryLimits()))
@@ -95,7 +95,7 @@ class AppState:
         old = self.generation
         gen = await build_generation(effective, self.settings, self.http, previous=old.fleet)
         self.generation, self.config = gen, config
-        self.models = frozenset(effective.public_models())
+        self.models = served_models(effective)
         self.keys = KeyTable(config.auth)
         await old.fleet.stop(keep=set(gen.fleet.emulators))
 
@@ -118,3 +118,12 @@ async def build_generation(config: FleetConfig, settings: Settings, http: aiohtt
         await fleet.start(previous.emulators, previous.live)
     attempts = {name: p.max_attempts for name, p in config.policies.items()}
     return Generation(fleet, router, attempts)
+
+
+def served_models(config: FleetConfig) -> dict[str, frozenset[str]]:
+    """Public model -> the APIs at least one pool serves it over."""
+    apis: dict[str, set[str]] = {}
+    for pool in config.pools:
+        for model in pool.models:
+            apis.setdefault(model, set()).update(pool.served_apis)
+    return {model: frozenset(found) for model, found in apis.items()}

@@ -42,7 +42,7 @@ class Pipeline:
         self._weights = [s.weight / weight for s in self.scorers] if weight > 0 else []
 
     def route(self, req: RoutingRequest, snap: Snapshot) -> Decision:
-        idx = snap.by_model.get(req.model)
+        idx = snap.by_model.get((req.model, req.api))
         if idx is None or not len(idx):
             return Decision(self.name, req.model, "no endpoint serves the model", snap.endpoints)
         est = Estimates(snap, idx, req, self.slo)

@@ -34,6 +34,7 @@ class RoutingRequest:
     """What routing needs to know about a request; the body itself is never parsed further."""
 
     model: str
+    api: str = "chat"  # catalog.engines.API_NAMES: which endpoints can serve it
     stream: bool = False
     max_tokens: int | None = None
     prompt_chars: int = 0
@@ -72,11 +73,15 @@ class Endpoint:
     source: str = ""  # as configured: http://... or emulated://ENGINE/GPU?...
     runtime: str = ""
     max_model_len: int | None = None
-    apis: tuple[str, ...] = ()  # what the endpoint serves (catalog.engines.API_NAMES)
+    apis: tuple[str, ...] = ()  # what it serves (catalog.engines.API_NAMES); () = the engine's
 
     @property
     def spec(self) -> EngineSpec:
         return ENGINES[self.engine]
+
+    @property
+    def served_apis(self) -> tuple[str, ...]:
+        return self.apis or ENGINES[self.engine].apis
 
     @property
     def price_per_replica_hour(self) -> float:
@@ -121,7 +126,7 @@ class Snapshot:
     """
 
     endpoints: tuple[Endpoint, ...]
-    by_model: Mapping[str, IntArray]
+    by_model: Mapping[tuple[str, str], IntArray]  # (model, api) -> endpoints serving it
     live: FloatArray
     static: FloatArray
     taken_at: float = 0.0

@@ -110,9 +110,11 @@ class LiveFleet:
         self.stale_after_s = stale_after_s
         self.stats = [EndpointStats(CircuitBreaker(breaker_threshold, breaker_cooldown_s))
                       for _ in self.endpoints]
-        models = sorted({m for ep in self.endpoints for m in ep.models})
-        self._by_model = {m: np.array([i for i, ep in enumerate(self.endpoints)
-                                       if m in ep.models], dtype=np.intp) for m in models}
+        served = sorted({(m, api) for ep in self.endpoints for m in ep.models
+                         for api in ep.served_apis})
+        self._by_model = {key: np.array([i for i, ep in enumerate(self.endpoints)
+                                         if key[0] in ep.models and key[1] in ep.served_apis],
+                                        dtype=np.intp) for key in served}
 
     # -- reading -------------------------------------------------------------------------
     def snapshot(self, now: float) -> Snapshot:

@@ -22,14 +22,19 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
+from fastapi import APIRouter, Query, Request
 
 from fleetgate.catalog.pricing import usd_per_mtok, usd_per_second
 from fleetgate.config import ConfigError
 from fleetgate.gateway.api.openai import json_ok
-from fleetgate.gateway.errors import BadRequest, envelope
+from fleetgate.gateway.api.schemas import (
+    CostsReport,
+    DecisionsReport,
+    EndpointsReport,
+    ErrorEnvelope,
+    ReloadResult,
+)
+from fleetgate.gateway.errors import envelope
 from fleetgate.gateway.state import AppState
 from fleetgate.gateway.telemetry.routes import telemetry_of
 
@@ -83,34 +88,35 @@ def pool_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-async def endpoints(request: Request) -> Response:
+router = APIRouter(prefix="/admin", tags=["admin"], responses={
+    401: {"model": ErrorEnvelope, "description": "no or bad admin key (when auth is on)"}})
+
+
+@router.get("/endpoints", response_model=EndpointsReport)
+async def endpoints(request: Request) -> dict[str, Any]:
+    """Live state of every endpoint and pool."""
     state = _state(request)
     rows = endpoint_rows(state)
     sync = state.sync
-    return json_ok({"endpoints": rows, "pools": pool_rows(rows),
-                    "store_degraded": bool(state.stores and state.stores.degraded)
-                    or bool(sync and sync.failures),
-                    "replica": sync.replica_id if sync else None,
-                    "peers": sync.peers_seen if sync else 0,
-                    "registered": sorted(state.registrations)})
+    return {"endpoints": rows, "pools": pool_rows(rows),
+            "store_degraded": bool(state.stores and state.stores.degraded)
+            or bool(sync and sync.failures),
+            "replica": sync.replica_id if sync else None,
+            "peers": sync.peers_seen if sync else 0,
+            "registered": sorted(state.registrations)}
 
 
-async def decisions(request: Request) -> Response:
-    limit = _int_param(request, "limit", 1000) or 20
-    candidates = _int_param(request, "candidates", 100_000)  # None: every candidate
-    return json_ok({"decisions": _state(request).chat.decisions.latest(limit, candidates)})
+@router.get("/decisions", response_model=DecisionsReport)
+async def decisions(request: Request, limit: int = Query(20, ge=1, le=1000),
+                    candidates: int | None = Query(None, ge=1, le=100_000)) -> dict[str, Any]:
+    """The last ``limit`` routing decisions, each with its best ``candidates`` (all if
+    omitted), their per-scorer scores and estimates."""
+    return {"decisions": _state(request).proxy.decisions.latest(limit, candidates)}
 
 
-def _int_param(request: Request, name: str, most: int) -> int | None:
-    raw = request.query_params.get(name)
-    if raw is None:
-        return None
-    if not raw.isdigit() or not 1 <= int(raw) <= most:
-        raise BadRequest(f"'{name}' must be an integer from 1 to {most}", param=name)
-    return int(raw)
-
-
-async def costs(request: Request) -> Response:
+@router.get("/costs", response_model=CostsReport)
+async def costs(request: Request) -> dict[str, Any]:
+    """What the traffic cost since start, per pool, model, pool and model, and tenant."""
     report = telemetry_of(request).ledger.report()
     live = {p["pool"]: p for p in pool_rows(endpoint_rows(_state(request)))}
     for row in report["pools"]:
@@ -119,10 +125,14 @@ async def costs(request: Request) -> Response:
             row["live"] = {"endpoints": now["endpoints"], "usd_per_hour": now["usd_per_hour"],
                            "usd_per_mtok": now["usd_per_mtok"],
                            "tokens_per_usd": now["tokens_per_usd"]}
-    return json_ok(report)
+    return report
 
 
-async def reload(request: Request) -> Response:
+@router.post("/reload", response_model=ReloadResult,
+             responses={400: {"model": ErrorEnvelope}, 503: {"model": ErrorEnvelope}})
+async def reload(request: Request) -> Any:
+    """Re-read the config file; a bad file changes nothing and the answer lists each error
+    with its YAML path."""
     state = _state(request)
     try:
         config = await state.reload()
@@ -134,13 +144,5 @@ async def reload(request: Request) -> Response:
     except RuntimeError as exc:  # e.g. an emulated engine failed to start
         body = envelope(503, f"reload failed, still serving the previous config: {exc}")
         return json_ok(body, status=503)
-    return json_ok({"status": "reloaded", "pools": [p.name for p in config.pools],
-                    "policies": list(config.policies), "models": config.public_models()})
-
-
-routes = [
-    Route("/admin/endpoints", endpoints, methods=["GET"]),
-    Route("/admin/decisions", decisions, methods=["GET"]),
-    Route("/admin/costs", costs, methods=["GET"]),
-    Route("/admin/reload", reload, methods=["POST"]),
-]
+    return {"status": "reloaded", "pools": [p.name for p in config.pools],
+            "policies": list(config.policies), "models": config.public_models()}

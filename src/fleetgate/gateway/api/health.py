@@ -6,19 +6,25 @@ May touch: starlette, the app state. Must not touch: backends.
 
 from __future__ import annotations
 
-from starlette.requests import Request
+from fastapi import APIRouter, Request
 from starlette.responses import Response
-from starlette.routing import Route
 
 from fleetgate.gateway.api.openai import json_ok
+from fleetgate.gateway.api.schemas import Readiness
 from fleetgate.gateway.state import AppState
 
+router = APIRouter(tags=["health"])
 
+
+@router.get("/healthz", response_model=Readiness)
 async def healthz(request: Request) -> Response:
+    """The process answers."""
     return json_ok({"status": "ok"})
 
 
+@router.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}})
 async def readyz(request: Request) -> Response:
+    """Config loaded and at least one endpoint ready (503 otherwise)."""
     state: AppState | None = getattr(request.app.state, "fleetgate", None)
     if state is None:
         return json_ok({"status": "starting"}, status=503)
@@ -28,9 +34,3 @@ async def readyz(request: Request) -> Response:
     body = {"status": "ready" if ready else "not_ready", "endpoints_ready": ready,
             "endpoints_total": total}
     return json_ok(body, status=200 if ready else 503)
-
-
-routes = [
-    Route("/healthz", healthz, methods=["GET"]),
-    Route("/readyz", readyz, methods=["GET"]),
-]

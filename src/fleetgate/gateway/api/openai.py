@@ -1,7 +1,11 @@
-"""OpenAI-compatible routes: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``.
+"""OpenAI-compatible routes: chat, completions, responses, embeddings, messages; ``/v1/models``.
 
-Each handler parses (``parse.py``), delegates to ``ProxyService`` and lets the app's error
-handler map typed errors to the OpenAI envelope.
+The five proxy routes share one handler: parse (``parse.py``), authenticate, check the
+policy and the model (404 for a model nobody serves, 400 for one served but not over this
+API), admit against the caller's limits, then hand a ``ProxyRequest`` to the proxy service.
+They are plain Starlette routes inside the FastAPI app: no per-request model validation on
+the hot path. ``/openapi.json`` still documents their bodies (``schemas.OPENAI_BODIES``,
+added by ``app.py``).
 
 May touch: starlette, gateway services. Must not touch: backends or routing internals.
 """
@@ -9,6 +13,7 @@ May touch: starlette, gateway services. Must not touch: backends or routing inte
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 import orjson
@@ -16,52 +21,45 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from fleetgate.gateway.api.parse import (
-    CHAT,
-    COMPLETIONS,
-    decode_json,
-    read_body,
-    routing_request,
-    wants_usage,
-)
+from fleetgate.gateway.api.parse import decode_json, read_body, routing_request, wants_usage
 from fleetgate.gateway.errors import BadRequest, NotFound
-from fleetgate.gateway.proxy.service import PreparedRequest
+from fleetgate.gateway.proxy.apis import APIS, Api
+from fleetgate.gateway.proxy.request import ProxyRequest
 from fleetgate.gateway.state import AppState
 
 
-async def _proxy(request: Request, path: str) -> Response:
+async def _proxy(request: Request, api: Api) -> Response:
     state: AppState = request.app.state.fleetgate
     request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
     request.state.request_id = request_id
     principal = state.keys.authenticate(request.headers)
     body = decode_json(await read_body(request, state.settings.max_body_bytes))
-    routing = replace(routing_request(path, body, request), tenant=principal.tenant)
+    routing = replace(routing_request(api.name, body, request), tenant=principal.tenant)
     if routing.policy is not None and routing.policy not in state.config.policies:
         raise BadRequest(f"unknown policy {routing.policy!r} in x-fleetgate-policy; known: "
                          f"{', '.join(state.config.policies)}", param="x-fleetgate-policy")
     principal.check_policy(routing.policy)
-    if routing.model not in state.models:
+    apis = state.models.get(routing.model)
+    if apis is None:
         raise NotFound(f"The model '{routing.model}' does not exist. Available: "
                        f"{', '.join(sorted(state.models))}", param="model")
+    if api.name not in apis:
+        raise BadRequest(f"model '{routing.model}' is not served over {api.path} by any pool "
+                         f"(it serves: {', '.join(sorted(apis))})", param="model",
+                         code="unsupported_api")
     principal.check_model(routing.model)
-    await state.limits.admit(principal, request_id)
-    prepared = PreparedRequest(
-        path=path,
-        routing=routing,
-        body=body,
-        request_id=request_id,
-        client_wants_usage=wants_usage(body),
-        traceparent=request.headers.get("traceparent"),
-    )
-    return await state.chat.handle(prepared)
+    prepared = ProxyRequest(api, routing, body, request_id, wants_usage(body),
+                            request.headers.get("traceparent"),
+                            await state.limits.admit(principal))
+    return await state.proxy.handle(prepared)
 
 
-async def chat_completions(request: Request) -> Response:
-    return await _proxy(request, CHAT)
+def _handler(api: Api) -> Callable[[Request], Awaitable[Response]]:
+    async def handle(request: Request) -> Response:
+        return await _proxy(request, api)
 
-
-async def completions(request: Request) -> Response:
-    return await _proxy(request, COMPLETIONS)
+    handle.__name__ = f"{api.name}_handler"
+    return handle
 
 
 async def list_models(request: Request) -> Response:
@@ -78,8 +76,5 @@ def json_ok(body: object, status: int = 200) -> Response:
     return Response(orjson.dumps(body), status_code=status, media_type="application/json")
 
 
-routes = [
-    Route(CHAT, chat_completions, methods=["POST"]),
-    Route(COMPLETIONS, completions, methods=["POST"]),
-    Route("/v1/models", list_models, methods=["GET"]),
-]
+routes = [Route(api.path, _handler(api), methods=["POST"]) for api in APIS.values()]
+routes.append(Route("/v1/models", list_models, methods=["GET"]))

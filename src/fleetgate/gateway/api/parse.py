@@ -2,9 +2,17 @@
 
 Reads the body with a size cap (413 beyond ``max_body_bytes``, checked on Content-Length
 first and while reading), decodes JSON (400 on malformed input or a non-object), checks the
-few fields the gateway relies on (``model``, ``messages``/``prompt``, ``stream``,
-``stream_options``, ``max_tokens``, ``user``) and builds a ``RoutingRequest``. Fields the
-gateway does not know (``tools``, ``response_format``, ``top_k``, ``min_p``, ...) are
+few fields the gateway relies on and builds a ``RoutingRequest``. Per API:
+
+| api | prompt (sized for routing) | output cap |
+|---|---|---|
+| chat | ``messages`` (objects with a ``role``) | max_completion_tokens, max_tokens |
+| completions | ``prompt`` (string, strings or tokens) | max_tokens |
+| responses | ``input`` (string or array of items), ``instructions`` | max_output_tokens |
+| messages | ``messages``, ``system`` | max_tokens (required, as Anthropic's API says) |
+| embeddings | ``input`` (string, strings or tokens) | none (1 for routing) |
+
+Fields the gateway does not know (``tools``, ``response_format``, ``top_k``, ...) are
 forwarded untouched.
 
 May touch: starlette Request, orjson, gateway errors. Must not touch: backends.
@@ -12,6 +20,7 @@ May touch: starlette Request, orjson, gateway errors. Must not touch: backends.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -20,9 +29,10 @@ from starlette.requests import Request
 from fleetgate.gateway.errors import BadRequest, PayloadTooLarge
 from fleetgate.routing import RoutingRequest
 
-CHAT = "/v1/chat/completions"
-COMPLETIONS = "/v1/completions"
 ROUTING_HEADERS = ("x-priority", "x-fleetgate-session", "x-session-id")
+OUTPUT_CAPS = {"chat": ("max_completion_tokens", "max_tokens"), "completions": ("max_tokens",),
+               "responses": ("max_output_tokens",), "messages": ("max_tokens",),
+               "embeddings": ()}
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -51,11 +61,13 @@ def decode_json(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def routing_request(path: str, body: dict[str, Any], request: Request) -> RoutingRequest:
+def routing_request(api: str, body: dict[str, Any], request: Request) -> RoutingRequest:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequest("'model' is required and must be a non-empty string", param="model")
     stream = _typed(body, "stream", bool, False)
+    if stream and api == "embeddings":
+        raise BadRequest("embeddings cannot be streamed", param="stream")
     options = body.get("stream_options")
     if options is not None:
         if not isinstance(options, dict):
@@ -63,13 +75,16 @@ def routing_request(path: str, body: dict[str, Any], request: Request) -> Routin
         if not stream:
             raise BadRequest("'stream_options' is only allowed when 'stream' is true",
                              param="stream_options")
-    max_tokens = _max_tokens(body)
+    max_tokens = _max_tokens(body, OUTPUT_CAPS[api])
+    if api == "messages" and max_tokens is None:
+        raise BadRequest("'max_tokens' is required", param="max_tokens")
     user = _typed(body, "user", str, None)
     return RoutingRequest(
         model=model,
+        api=api,
         stream=stream,
-        max_tokens=max_tokens,
-        prompt_chars=_prompt_chars(path, body),
+        max_tokens=1 if api == "embeddings" else max_tokens,
+        prompt_chars=PROMPT_SIZE[api](body),
         headers={h: v for h in ROUTING_HEADERS if (v := request.headers.get(h)) is not None},
         user=user,
         policy=request.headers.get("x-fleetgate-policy"),
@@ -90,8 +105,8 @@ def _typed(body: dict[str, Any], key: str, kind: type, default: Any) -> Any:
     return value
 
 
-def _max_tokens(body: dict[str, Any]) -> int | None:
-    for key in ("max_completion_tokens", "max_tokens"):
+def _max_tokens(body: dict[str, Any], keys: tuple[str, ...]) -> int | None:
+    for key in keys:
         value = body.get(key)
         if value is None:
             continue
@@ -101,31 +116,54 @@ def _max_tokens(body: dict[str, Any]) -> int | None:
     return None
 
 
-def _prompt_chars(path: str, body: dict[str, Any]) -> int:
-    if path == CHAT:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise BadRequest("'messages' is required and must be a non-empty array",
-                             param="messages")
-        total = 0
-        for i, msg in enumerate(messages):
-            if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
-                raise BadRequest(f"messages[{i}] must be an object with a 'role'",
-                                 param=f"messages[{i}]")
-            total += _content_chars(msg.get("content"))
-        return total
-    prompt = body.get("prompt")
+def _chat_chars(body: dict[str, Any], key: str = "messages") -> int:
+    messages = body.get(key)
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest(f"'{key}' is required and must be a non-empty array", param=key)
+    total = 0
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
+            raise BadRequest(f"{key}[{i}] must be an object with a 'role'", param=f"{key}[{i}]")
+        total += _content_chars(msg.get("content"))
+    return total
+
+
+def _messages_chars(body: dict[str, Any]) -> int:
+    return _chat_chars(body) + _content_chars(body.get("system"))
+
+
+def _prompt_chars(body: dict[str, Any], key: str = "prompt") -> int:
+    prompt = body.get(key)
     if isinstance(prompt, str):
         return len(prompt)
     if isinstance(prompt, list) and prompt:
         return sum(len(p) if isinstance(p, str | list) else 1 for p in prompt)
-    raise BadRequest("'prompt' is required (a string, an array of strings or of tokens)",
-                     param="prompt")
+    raise BadRequest(f"'{key}' is required (a string, an array of strings or of tokens)",
+                     param=key)
+
+
+def _responses_chars(body: dict[str, Any]) -> int:
+    items = body.get("input")
+    extra = _content_chars(body.get("instructions"))
+    if isinstance(items, str):
+        return len(items) + extra
+    if isinstance(items, list) and items:
+        return extra + sum(_content_chars(item.get("content")) if isinstance(item, dict)
+                           else _content_chars(item) for item in items)
+    raise BadRequest("'input' is required (a string or an array of input items)",
+                     param="input")
 
 
 def _content_chars(content: Any) -> int:
     if isinstance(content, str):
         return len(content)
     if isinstance(content, list):
-        return sum(len(p.get("text", "")) for p in content if isinstance(p, dict))
+        return sum(len(text) for p in content
+                   if isinstance(p, dict) and isinstance(text := p.get("text"), str))
     return 0
+
+
+PROMPT_SIZE: dict[str, Callable[[dict[str, Any]], int]] = {
+    "chat": _chat_chars, "completions": _prompt_chars, "responses": _responses_chars,
+    "messages": _messages_chars, "embeddings": lambda body: _prompt_chars(body, "input"),
+}

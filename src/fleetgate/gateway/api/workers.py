@@ -11,44 +11,41 @@ May touch: starlette, the app state. Must not touch: backends.
 from __future__ import annotations
 
 import time
+from typing import Any
 
-import orjson
-from pydantic import ValidationError
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
+from fastapi import APIRouter, Request, Response
 
 from fleetgate.config import ConfigError
-from fleetgate.gateway.api.openai import json_ok
+from fleetgate.gateway.api.schemas import DeregistrationResult, ErrorEnvelope, RegistrationResult
 from fleetgate.gateway.errors import BadRequest, NotFound
 from fleetgate.gateway.registrations import RegistrationBody
 from fleetgate.gateway.state import AppState
 
+router = APIRouter(prefix="/admin", tags=["workers"], responses={
+    401: {"model": ErrorEnvelope, "description": "no or bad admin key (when auth is on)"}})
 
-async def register(request: Request) -> Response:
+
+@router.post("/endpoints", response_model=RegistrationResult, status_code=201,
+             responses={200: {"model": RegistrationResult, "description": "a heartbeat"},
+                        400: {"model": ErrorEnvelope}})
+async def register(body: RegistrationBody, request: Request, response: Response) -> Any:
+    """Register a worker's engine (201), or refresh its heartbeat (200)."""
     state: AppState = request.app.state.fleetgate
-    try:
-        body = RegistrationBody.model_validate(orjson.loads(await request.body()))
-    except (orjson.JSONDecodeError, ValidationError) as exc:
-        raise BadRequest(f"invalid registration: {exc}") from None
     try:
         endpoint, new = await state.register(body, time.monotonic())
     except ConfigError as exc:
         raise BadRequest(f"registration makes the fleet invalid: {'; '.join(exc.errors)}") \
             from None
-    return json_ok({"id": endpoint, "ttl_s": body.ttl_s, "new": new}, status=201 if new else 200)
+    response.status_code = 201 if new else 200
+    return {"id": endpoint, "ttl_s": body.ttl_s, "new": new}
 
 
-async def deregister(request: Request) -> Response:
+@router.delete("/endpoints/{endpoint_id}", response_model=DeregistrationResult,
+               responses={404: {"model": ErrorEnvelope}})
+async def deregister(endpoint_id: str, request: Request) -> Any:
+    """Remove a registered endpoint (a worker leaving)."""
     state: AppState = request.app.state.fleetgate
-    endpoint = request.path_params["endpoint_id"]
-    if not await state.deregister(endpoint=endpoint):
-        raise NotFound(f"no registered endpoint {endpoint!r} (configured endpoints are "
+    if not await state.deregister(endpoint=endpoint_id):
+        raise NotFound(f"no registered endpoint {endpoint_id!r} (configured endpoints are "
                        "removed by editing the config and reloading)", code="not_found")
-    return json_ok({"id": endpoint, "removed": True})
-
-
-routes = [
-    Route("/admin/endpoints", register, methods=["POST"]),
-    Route("/admin/endpoints/{endpoint_id}", deregister, methods=["DELETE"]),
-]
+    return {"id": endpoint_id, "removed": True}

@@ -1,30 +1,36 @@
 """One upstream attempt: measures it and reports the outcome to the live state and observers.
 
-The gateway's own measurements feed routing: TTFT at the first streamed frame (both engines
-send their first frame with the first token), TPOT as the time between the first and last
-token over the tokens in between, end-to-end time; for a non-streamed answer only the whole
-time is known, so TPOT is (e2e - predicted TTFT) / (tokens - 1). Each measurement is also
-compared with the router's prediction for this request, which is how the prior learns.
+The gateway's own measurements feed routing: TTFT at the first frame that carries output
+(``apis.py`` says which, per API), TPOT as the time between the first and last token over
+the tokens in between, end-to-end time; for a non-streamed answer only the whole time is
+known, so TPOT is (e2e - predicted TTFT) / (tokens - 1). Each measurement is also compared
+with the router's prediction for this request, which is how the prior learns.
 
 Exactly one of ``finished`` / ``failed`` / ``cancelled`` takes effect per attempt.
 
-May touch: routing live state, the observer seam. Must not touch: HTTP.
+May touch: state (the live fleet), the observer seam. Must not touch: HTTP.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleetgate.gateway.proxy.observer import AttemptObserver, AttemptResult
+from fleetgate.routing import Endpoint
 from fleetgate.state.live import LiveFleet
+
+if TYPE_CHECKING:
+    from fleetgate.gateway.proxy.service import Exchange
 
 
 @dataclass(slots=True)
 class Attempt:
     live: LiveFleet
-    i: int
+    i: int  # the endpoint's position in the live fleet
+    ep: Endpoint
+    served: str  # the model name the engine serves
     clock: Callable[[], float]
     t0: float
     predicted_ttft_s: float | None
@@ -33,6 +39,19 @@ class Attempt:
     in_flight_at_start: float = 1.0
     first_at: float | None = None
     ended: bool = False
+
+    @classmethod
+    def start(cls, ex: Exchange, position: int, number: int) -> Attempt:
+        """Dispatch to the candidate at ``position`` of the decision (attempt ``number``)."""
+        fleet, decision = ex.gen.fleet, ex.entry.decision
+        i = int(decision.idx[position])
+        ep = fleet.endpoints[i]
+        served = ep.models[ex.req.routing.model]
+        now = fleet.clock()
+        fleet.live.on_dispatch(i, now)
+        return cls(fleet.live, i, ep, served, fleet.clock, now,
+                   decision.estimate("ttft_s", position), decision.estimate("tpot_s", position),
+                   ex.obs.attempt(ep, served, number), fleet.live.value(i, "in_flight"))
 
     def first_token(self) -> None:
         self.first_at = self.clock()
@@ -66,6 +85,10 @@ class Attempt:
         if self._end():
             self.live.on_cancel(self.i)
             self.observer.cancelled()
+
+    def refused(self) -> None:
+        """The engine refused the connection: not ready, its breaker opens at once."""
+        self.live.on_refused(self.i, self.clock(), "connect refused (relay)")
 
     def _end(self) -> bool:
         first = not self.ended

@@ -1,6 +1,6 @@
 """The observation seam of the request path: what happened, told once, to whoever listens.
 
-``ProxyService`` reports each request's life through these small protocols; tracing,
+The proxy service reports each request's life through these small protocols; tracing,
 Prometheus metrics, cost accounting and the request log implement them (``telemetry/``).
 The request path never knows which are installed. ``NOOP`` is the default.
 
@@ -19,7 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from fleetgate.routing import Decision, Endpoint, RoutingRequest
+from fleetgate.gateway.proxy.request import ProxyRequest
+from fleetgate.routing import Decision, Endpoint
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,8 +49,7 @@ class RequestObserver(Protocol):
 
 
 class Observer(Protocol):
-    def request(self, request_id: str, path: str, routing: RoutingRequest,
-                traceparent: str | None, body: dict[str, Any]) -> RequestObserver: ...
+    def request(self, req: ProxyRequest) -> RequestObserver: ...
 
 
 class _NoopAttempt:
@@ -81,8 +81,7 @@ class _NoopRequest:
 
 
 class NoopObserver:
-    def request(self, request_id: str, path: str, routing: RoutingRequest,
-                traceparent: str | None, body: dict[str, Any]) -> RequestObserver:
+    def request(self, req: ProxyRequest) -> RequestObserver:
         return NOOP_REQUEST
 
 
@@ -97,10 +96,8 @@ class CompositeObserver:
     def __init__(self, *observers: Observer) -> None:
         self._observers = observers
 
-    def request(self, request_id: str, path: str, routing: RoutingRequest,
-                traceparent: str | None, body: dict[str, Any]) -> RequestObserver:
-        return _FanRequest([o.request(request_id, path, routing, traceparent, body)
-                            for o in self._observers])
+    def request(self, req: ProxyRequest) -> RequestObserver:
+        return _FanRequest([o.request(req) for o in self._observers])
 
 
 class _FanRequest:

@@ -4,8 +4,9 @@
 in-band error there (SGLang reports a full queue as HTTP 200 + an SSE error frame) is a
 retryable failure of this attempt, not of the request. After that the stream is committed:
 frames go out as they come (the model name rewritten, the usage chunk dropped if the client
-did not ask for it), and an upstream failure becomes a final SSE error event plus
-``data: [DONE]``. Nothing is retried after the first byte.
+did not ask for it), and an upstream failure becomes a final error event in the API's shape
+(``apis.py``). Nothing is retried after the first byte. A stream ended well is one whose
+API end marker (``[DONE]``, ``response.completed``, ``message_stop``) arrived.
 
 May touch: backends (SSE, relay response), starlette responses. Must not touch: routing.
 """
@@ -15,44 +16,40 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
-import orjson
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from fleetgate.backends.relay import UpstreamError, UpstreamResponse
 from fleetgate.backends.sse import (
     DONE,
-    DONE_FRAME,
     SSEFramer,
-    chunk_usage,
     frame_data,
     is_usage_only_chunk,
     stream_error,
 )
 from fleetgate.gateway.errors import envelope, json_error
+from fleetgate.gateway.proxy.apis import Api
 from fleetgate.gateway.proxy.attempt import Attempt
 from fleetgate.gateway.proxy.observer import RequestObserver
+from fleetgate.gateway.proxy.outcome import (
+    RETRYABLE_STATUS,
+    RetryableFailure,
+    transport_failure,
+    transport_status,
+)
+
+if TYPE_CHECKING:
+    from fleetgate.gateway.proxy.service import Exchange
 
 log = logging.getLogger("fleetgate.stream")
 
-RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
-class RetryableFailure(Exception):
-    """This attempt failed in a way another endpoint may not."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-async def open_stream(resp: UpstreamResponse, wants_usage: bool,
-                      rewrite: Callable[[bytes], bytes], headers: dict[str, str],
-                      attempt: Attempt, obs: RequestObserver, ep_id: str) -> Response:
+async def open_stream(resp: UpstreamResponse, ex: Exchange, attempt: Attempt,
+                      rewrite: Callable[[bytes], bytes], headers: dict[str, str]) -> Response:
     framer = SSEFramer()
     chunks = resp.chunks()
     first: list[bytes] = []
@@ -61,25 +58,26 @@ async def open_stream(resp: UpstreamResponse, wants_usage: bool,
             first.extend(framer.feed(await anext(chunks)))
     except StopAsyncIteration:
         resp.close()
-        raise RetryableFailure(502, f"{ep_id}: stream ended before its first frame") from None
+        raise RetryableFailure(502, f"{attempt.ep.id}: stream ended before its first frame") \
+            from None
     except UpstreamError as exc:
         resp.close()
-        raise RetryableFailure(504 if exc.kind == "timeout" else 502, f"{ep_id}: {exc}") from None
+        raise transport_failure(exc, attempt.ep.id) from None
     data = next(d for d in map(frame_data, first) if d is not None)
     err = stream_error(data)
     if err is not None:
         resp.close()
         if err.status in RETRYABLE_STATUS:
-            raise RetryableFailure(err.status, f"{ep_id}: in-band {err.status}: {err.message}")
+            raise RetryableFailure(err.status,
+                                   f"{attempt.ep.id}: in-band {err.status}: {err.message}")
         attempt.failed(err.status, err.message, counts_against_engine=err.status >= 500)
         return json_error(err.status, envelope(err.status, err.message, type_=err.type),
                           headers)
-    attempt.first_token()
-    relay = StreamRelay(wants_usage, rewrite)
-    body = relay.run(first, framer, chunks, resp, attempt, obs, ep_id)
+    relay = StreamRelay(ex.req.api, ex.req.client_wants_usage, rewrite, attempt)
+    body = relay.run(first, framer, chunks, resp, ex.obs)
     response = SSEResponse(body, headers={**headers, **SSE_HEADERS},
                            media_type="text/event-stream; charset=utf-8")
-    response.on_close = relay.abandon_unstarted(resp, attempt, obs)
+    response.on_close = relay.abandon_unstarted(resp, ex.obs)
     return response
 
 
@@ -128,21 +126,27 @@ class SSEResponse(StreamingResponse):
 class StreamRelay:
     """Forwards frames, rewrites the model, drops unrequested usage, ends every stream well."""
 
-    def __init__(self, client_wants_usage: bool, rewrite: Callable[[bytes], bytes]) -> None:
+    def __init__(self, api: Api, client_wants_usage: bool, rewrite: Callable[[bytes], bytes],
+                 attempt: Attempt) -> None:
+        self.api = api
         self.wants_usage = client_wants_usage
         self.rewrite = rewrite
-        self.usage: dict[str, Any] | None = None
+        self.attempt = attempt
+        self.usage: dict[str, int] | None = None
         self.done = False
         self.started = False
+        self.first_token_seen = False
+        # end events other than ``data: [DONE]`` (Responses, Messages), looked for in the data
+        self.end_events = tuple(m for m in api.end_markers if not m.startswith(b"data: "))
 
-    def abandon_unstarted(self, resp: UpstreamResponse, attempt: Attempt,
+    def abandon_unstarted(self, resp: UpstreamResponse,
                           obs: RequestObserver) -> Callable[[], None]:
         """Cleanup for a client that left before the body began (``run`` never ran)."""
 
         def close() -> None:
             if not self.started:
                 resp.close()
-                attempt.cancelled()
+                self.attempt.cancelled()
                 obs.end(499, "client disconnected")
 
         return close
@@ -153,20 +157,30 @@ class StreamRelay:
             data = frame_data(frame)
             if data is None:
                 out.append(frame)  # comment / keep-alive
-            elif data == DONE:
+                continue
+            if not self.first_token_seen:
+                self._maybe_first_token(data)
+            if data == DONE:
                 self.done = True
                 out.append(frame)
-            elif b'"usage"' in data and (usage := chunk_usage(data)) is not None:
-                self.usage = usage
-                if self.wants_usage or not is_usage_only_chunk(data):
+                continue
+            if self.end_events and not self.done:
+                self.done = any(marker in data for marker in self.end_events)
+            if b'"usage"' in data and b'"usage":null' not in data:
+                self.usage = self.api.stream_usage(data, self.usage)
+                if self.wants_usage or not self.api.asks_usage or not is_usage_only_chunk(data):
                     out.append(self.rewrite(frame))
             else:
                 out.append(self.rewrite(frame))
         return b"".join(out)
 
+    def _maybe_first_token(self, data: bytes) -> None:
+        if self.api.output_marker is None or self.api.output_marker in data:
+            self.first_token_seen = True
+            self.attempt.first_token()
+
     async def run(self, first: list[bytes], framer: SSEFramer, chunks: AsyncIterator[bytes],
-                  resp: UpstreamResponse, attempt: Attempt, obs: RequestObserver,
-                  ep_id: str) -> AsyncIterator[bytes]:
+                  resp: UpstreamResponse, obs: RequestObserver) -> AsyncIterator[bytes]:
         status, error = 499, "client disconnected"
         self.started = True
         try:
@@ -177,21 +191,17 @@ class StreamRelay:
                     yield out
             if self.done:
                 status, error = 200, ""
-                attempt.finished(self.usage)
+                self.attempt.finished(self.usage)
             else:
-                status, error = 502, "upstream stream ended without [DONE]"
-                attempt.failed(status, error)
-                yield error_frame(status, error)
+                status, error = 502, "upstream stream ended without its end marker"
+                self.attempt.failed(status, error)
+                yield self.api.error_frame(status, error)
         except UpstreamError as exc:
-            log.warning("stream from %s broke mid-way: %s", ep_id, exc)
-            status, error = (504 if exc.kind == "timeout" else 502), f"upstream failed: {exc}"
-            attempt.failed(status, error)
-            yield error_frame(status, error)
+            log.warning("stream from %s broke mid-way: %s", self.attempt.ep.id, exc)
+            status, error = transport_status(exc), f"upstream failed: {exc}"
+            self.attempt.failed(status, error)
+            yield self.api.error_frame(status, error)
         finally:
             resp.close()
-            attempt.cancelled()  # no-op unless the client went away mid-stream
+            self.attempt.cancelled()  # no-op unless the client went away mid-stream
             obs.end(status, error or None)
-
-
-def error_frame(status: int, message: str) -> bytes:
-    return b"data: " + orjson.dumps(envelope(status, message, code=status)) + b"\n\n" + DONE_FRAME

@@ -31,6 +31,7 @@ from typing import Any
 
 from fleetgate.gateway.costs import Charge, CostLedger, Tally, attempt_charge
 from fleetgate.gateway.proxy.observer import AttemptObserver, AttemptResult
+from fleetgate.gateway.proxy.request import ProxyRequest
 from fleetgate.gateway.telemetry import names as n
 from fleetgate.gateway.telemetry.logs import RequestLog
 from fleetgate.gateway.telemetry.metrics import GatewayMetrics
@@ -66,9 +67,9 @@ class TelemetryObserver:
         self.clock = clock
         self._accounts: dict[tuple[str, str, str, str], Account] = {}
 
-    def request(self, request_id: str, path: str, routing: RoutingRequest,
-                traceparent: str | None, body: dict[str, Any]) -> RequestTelemetry:
-        return RequestTelemetry(self, request_id, path, routing, traceparent, body)
+    def request(self, req: ProxyRequest) -> RequestTelemetry:
+        return RequestTelemetry(self, req.request_id, req.path, req.routing, req.traceparent,
+                                req.body)
 
     def account(self, ep: Endpoint, model: str, tenant: str) -> Account:
         key = (ep.id, ep.pool, model, tenant)

@@ -10,11 +10,10 @@ request path.
 
 from __future__ import annotations
 
+from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.openmetrics import exposition as openmetrics
-from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
 from fleetgate.gateway.telemetry import Telemetry
 
@@ -24,12 +23,15 @@ def telemetry_of(request: Request) -> Telemetry:
     return telemetry
 
 
+router = APIRouter(tags=["telemetry"])
+
+
+@router.get("/metrics", response_class=Response,
+            responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text"}})
 async def metrics(request: Request) -> Response:
+    """Prometheus metrics, series prefixed ``fleetgate_``."""
     registry = telemetry_of(request).registry
     if "application/openmetrics-text" in request.headers.get("accept", ""):
         return Response(openmetrics.generate_latest(registry),
                         media_type=openmetrics.CONTENT_TYPE_LATEST)
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
-
-
-routes = [Route("/metrics", metrics, methods=["GET"])]

@@ -1,0 +1,158 @@
+"""The proxy path in-process: failover, in-band error frames, cut streams, every API's framing.
+
+A real ``ProxyService`` over a real ``Fleet`` and router, with ``FakeBackend`` standing in
+for the engines (no sockets): the H200 endpoint is predicted faster, so the ``latency``
+policy tries it first and the H100 second.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+from starlette.responses import StreamingResponse
+
+from fleetgate.backends.fake import Answer, FakeBackend, Refuse
+from fleetgate.backends.relay import Timeouts
+from fleetgate.config import FleetConfig
+from fleetgate.gateway.decisions import DecisionLog
+from fleetgate.gateway.errors import NoCapacity, UpstreamTimeout
+from fleetgate.gateway.proxy.apis import APIS
+from fleetgate.gateway.proxy.request import ProxyRequest
+from fleetgate.gateway.proxy.service import Generation, ProxyService
+from fleetgate.routing import RoutingRequest, build_router
+from fleetgate.state.fleet import Fleet
+
+FAST, SLOW = "http://h200:8000", "http://h100:8000"
+MODEL, SERVED = "llama-3.1-8b", "meta-llama/Llama-3.1-8B-Instruct"
+CHUNK = b'data: {"id":"c","model":"%s","choices":[{"delta":{"content":"hi"}}]}\n\n' % \
+    SERVED.encode()
+USAGE = (b'data: {"id":"c","model":"m","choices":[],"usage":{"prompt_tokens":3,'
+         b'"completion_tokens":2,"total_tokens":5}}\n\n')
+DONE = b"data: [DONE]\n\n"
+
+
+def service(backend: FakeBackend, **pool: Any) -> tuple[ProxyService, Fleet]:
+    rows = (("h200", "h200", 3.6, FAST), ("h100", "h100", 2.9, SLOW))
+    pools = [{"name": name, "accelerator": gpu, "engine": "vllm", "price_per_gpu_hour": price,
+              "endpoints": [url], "models": {MODEL: SERVED}, **pool}
+             for name, gpu, price, url in rows]
+    config = FleetConfig.model_validate({"pools": pools, "default_policy": "fast",
+                                         "policies": {"fast": {"strategy": "latency"}}})
+    fleet = Fleet(config, http=None)  # type: ignore[arg-type]  # never started: no I/O
+    for i in range(len(fleet.endpoints)):
+        fleet.live.on_probe(i, fleet.clock(), True, "200")
+    gen = Generation(fleet, build_router(config), {"fast": 3})
+    return ProxyService(lambda: gen, backend, Timeouts(), DecisionLog()), fleet
+
+
+def request(api: str = "chat", stream: bool = False, wants_usage: bool = False,
+            **body: Any) -> ProxyRequest:
+    routing = RoutingRequest(MODEL, api=api, stream=stream, max_tokens=16, prompt_chars=20)
+    return ProxyRequest(APIS[api], routing, {"model": MODEL, "stream": stream, **body}, "rid",
+                        wants_usage)
+
+
+async def body_of(response: Any) -> bytes:
+    if isinstance(response, StreamingResponse):
+        return b"".join([chunk async for chunk in response.body_iterator])  # type: ignore[misc]
+    return bytes(response.body)
+
+
+async def test_a_refused_connection_fails_over_and_opens_the_breaker() -> None:
+    backend = FakeBackend({FAST: [Refuse("connect")],
+                           SLOW: [Answer(200, b'{"model":"%s","usage":{}}' % SERVED.encode())]})
+    proxy, fleet = service(backend)
+    response = await proxy.handle(request())
+    assert response.headers["x-fleetgate-endpoint"] == "h100-0"
+    assert orjson.loads(await body_of(response))["model"] == MODEL  # served name rewritten
+    assert [c[0] for c in backend.calls] == [FAST + "/v1/chat/completions",
+                                             SLOW + "/v1/chat/completions"]
+    assert fleet.live.stats[0].breaker.state == "open"
+    entry = proxy.decisions.latest(1)[0]
+    assert [a["status"] for a in entry["attempts"]] == [502, 200]
+
+
+async def test_an_in_band_queue_full_frame_is_retried_elsewhere() -> None:
+    full = b'data: {"error":{"message":"queue full","type":"x","code":503}}\n\n'
+    backend = FakeBackend({FAST: [Answer(200, chunks=(full,))],
+                           SLOW: [Answer(200, chunks=(CHUNK, USAGE, DONE))]})
+    proxy, _ = service(backend)
+    response = await proxy.handle(request(stream=True))
+    assert response.headers["x-fleetgate-endpoint"] == "h100-0"
+    assert await body_of(response) == CHUNK.replace(SERVED.encode(), MODEL.encode()) + DONE
+    sent = backend.calls[1][1]
+    assert sent["stream_options"] == {"include_usage": True} and sent["model"] == SERVED
+
+
+async def test_a_stream_cut_after_the_first_byte_ends_with_an_error_event() -> None:
+    backend = FakeBackend({FAST: [Answer(200, chunks=(CHUNK,), cut="protocol")]})
+    proxy, fleet = service(backend)
+    out = await body_of(await proxy.handle(request(stream=True)))
+    frames = out.split(b"\n\n")
+    assert orjson.loads(frames[1][6:])["error"]["code"] == 502
+    assert out.endswith(DONE)
+    assert fleet.live.stats[0].failures == 1 and len(backend.calls) == 1  # never retried
+
+
+async def test_a_client_error_passes_through_without_retry() -> None:
+    body = b'{"object":"error","message":"too long","type":"BadRequestError","code":400}'
+    backend = FakeBackend({FAST: [Answer(400, body)], SLOW: [Answer(200, b"{}")]})
+    proxy, fleet = service(backend)
+    response = await proxy.handle(request())
+    assert response.status_code == 400 and len(backend.calls) == 1
+    assert orjson.loads(await body_of(response))["error"]["message"] == "too long"
+    assert fleet.live.stats[0].breaker.consecutive_failures == 0  # not the engine's fault
+
+
+@pytest.mark.parametrize(("answers", "error"), [
+    ([Answer(503, b"{}")], NoCapacity),
+    ([Refuse("timeout")], UpstreamTimeout),
+])
+async def test_when_every_attempt_fails_the_last_failure_picks_the_error(
+        answers: list[Any], error: type[Exception]) -> None:
+    proxy, _ = service(FakeBackend({FAST: list(answers), SLOW: list(answers)}))
+    with pytest.raises(error):
+        await proxy.handle(request())
+
+
+RESPONSES_STREAM = (
+    b'event: response.created\ndata: {"type":"response.created","response":{"model":"%s",'
+    b'"usage":null}}\n\n' % SERVED.encode(),
+    b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta",'
+    b'"delta":"hi"}\n\n',
+    b'event: response.completed\ndata: {"type":"response.completed","response":{"model":'
+    b'"%s","usage":{"input_tokens":7,"output_tokens":2,"total_tokens":9}}}\n\n'
+    % SERVED.encode(),
+)
+
+
+async def test_a_responses_stream_ends_on_its_completed_event_with_usage() -> None:
+    backend = FakeBackend({FAST: [Answer(200, chunks=RESPONSES_STREAM)]})
+    proxy, fleet = service(backend)
+    out = await body_of(await proxy.handle(request("responses", stream=True, input="hi")))
+    assert out == b"".join(RESPONSES_STREAM).replace(SERVED.encode(), MODEL.encode())
+    assert "stream_options" not in backend.calls[0][1]  # the Responses API has none
+    assert fleet.live.stats[0].output_tokens == 2
+
+
+async def test_a_cut_messages_stream_ends_with_an_anthropic_error_event() -> None:
+    start = (b'event: message_start\ndata: {"type":"message_start","message":{"model":"m",'
+             b'"usage":{"input_tokens":5,"output_tokens":0}}}\n\n')
+    backend = FakeBackend({FAST: [Answer(200, chunks=(start,), cut="timeout")]})
+    proxy, _ = service(backend)
+    out = await body_of(await proxy.handle(request("messages", stream=True, max_tokens=8,
+                                                   messages=[])))
+    event = out.split(b"\n\n")[-2]
+    assert event.startswith(b"event: error\ndata: ")
+    assert orjson.loads(event.split(b"data: ")[1])["error"]["type"] == "api_error"
+
+
+async def test_embeddings_usage_is_accounted_in_chat_terms() -> None:
+    body = b'{"object":"list","data":[],"model":"m","usage":{"prompt_tokens":4,"total_tokens":4}}'
+    proxy, _ = service(FakeBackend({FAST: [Answer(200, body)]}), apis=["embeddings"])
+    assert APIS["embeddings"].usage(orjson.loads(body)["usage"]) == {
+        "prompt_tokens": 4, "completion_tokens": 0, "total_tokens": 4}
+    response = await proxy.handle(request("embeddings", input="hi"))
+    assert response.status_code == 200
