@@ -128,16 +128,19 @@ def gateway_config(mock_url: str, strategy: str) -> str:
     return json.dumps(config, indent=2)  # JSON is YAML
 
 
-def start_gateway(config_path: Path, cpu: int | None, timeout: float = 60.0) -> Child:
+def start_gateway(config_path: Path, cpu: int | None, timeout: float = 60.0,
+                  source: Path | None = None) -> Child:
     """``fleetgate serve`` with its default settings; its stdout/stderr (the per-request JSON
-    log included) go to a file beside the config, as they would go to a log collector."""
+    log included) go to a file beside the config, as they would go to a log collector.
+    ``source``: run the fleetgate package found there instead (a checkout's ``src/``)."""
     port = free_port()
     cmd = [sys.executable, "-m", "fleetgate.cli", "serve", "--config", str(config_path),
            "--port", str(port)]
     log_path = config_path.with_suffix(".log")
+    env = {**os.environ, "PYTHONPATH": str(source)} if source else None
     with log_path.open("w") as log:
         popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                 text=True, preexec_fn=_child_setup(cpu))
+                                 text=True, preexec_fn=_child_setup(cpu), env=env)
     child = Child("gateway", popen, f"http://127.0.0.1:{port}")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -369,6 +372,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--frame-gap-ms", type=float, default=0.0,
                         help="the mock's pause between stream frames (0: back to back)")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="also run each strategy's gateway from this src/ directory (an "
+                             "older checkout, e.g. a git worktree) as gw-<strategy>@base: a "
+                             "before/after comparison within one run")
     args = parser.parse_args(argv)
 
     pinned = {GATEWAY_CPU, LOAD_CPU} <= os.sched_getaffinity(0)
@@ -405,6 +412,12 @@ def main(argv: list[str] | None = None) -> None:
                 children.append(gateway)
                 label = {"round_robin": "rr"}.get(strategy, strategy)
                 targets.append((f"gw-{label}", gateway))
+                if args.baseline is not None:
+                    base_path = Path(tmp) / f"{strategy}-base.yaml"  # its own log file
+                    base_path.write_text(path.read_text())
+                    base = start_gateway(base_path, gw_cpu, source=args.baseline.resolve())
+                    children.append(base)
+                    targets.append((f"gw-{label}@base", base))
             gateways = [c for _, c in targets[1:]]
             time.sleep(1.0)
             c0 = [g.cpu_s() for g in gateways]

@@ -132,7 +132,7 @@ async def test_openai_async_client_with_extra_fields(url: str) -> None:
         max_tokens=6,
         stream=True,
         tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}],
-        response_format={"type": "json_object"},
+        tool_choice="none",  # tools offered but not to be called: plain text
         extra_body={"top_k": 5, "min_p": 0.1},
     )
     text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])

@@ -222,7 +222,9 @@ def test_request_log_shows_what_was_forwarded(url: str, engine: str) -> None:
         "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
         "x-request-id": "req-42",
     }
-    body = CHAT | {"max_tokens": 2, "tools": [], "top_k": 3, "guided_json": {}}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    body = CHAT | {"max_tokens": 2, "tools": tools, "tool_choice": "none", "top_k": 3,
+                   "guided_json": {}}
     resp = httpx.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=10)
     assert resp.status_code == 200
     if engine == "vllm":

@@ -148,7 +148,7 @@ ENGINES: dict[str, EngineSpec] = {
             preemptions_total="sglang:num_retracted_requests_total",
         )),
         translate_guided_fields=False,
-        apis=("chat", "completions", "responses"),
+        apis=("chat", "completions", "responses", "messages"),
         default_port=30000,
         emulated=True,
         launch=Launch(

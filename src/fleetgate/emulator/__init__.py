@@ -13,6 +13,11 @@ catalog in fleetgate.catalog). Module map:
 * ``metrics``        - the metrics hook protocol and family tables (shared)
 * ``metrics_vllm`` / ``metrics_sglang``   - Prometheus families per engine (private registry)
 * ``faults``         - run-time fault injection (``/emulator/faults``) as ASGI middleware
+* ``plan`` / ``schema`` - tool calls and JSON output: what the model writes, minimal schema
+                       instances
+* ``sessions``       - per-request stream sessions (chat / completions framing)
+* ``api_responses`` / ``api_messages`` / ``api_embeddings`` - /v1/responses, /v1/messages,
+                       /v1/embeddings bodies and streams per engine; ``apis`` their routes
 * ``responses``      - the token-streaming ASGI response (aborts on disconnect), request log
 * ``server``         - the Starlette app (``create_emulator_app``) and ``/emulator/*``
 * ``launcher``       - ``run_emulator`` (this process) and ``start_emulator`` (a child)

@@ -43,6 +43,9 @@ class EmulatorConfig(BaseModel):
     natural_completion_tokens: int = Field(default=16, ge=1)
     request_log_size: int = Field(default=200, ge=0)
     model_path: str | None = None  # vLLM card ``root`` (the --model argument); default: 1st name
+    # /v1/embeddings answers with vectors; False: a generative server (vLLM 404, SGLang 400)
+    embeddings: bool = True
+    embedding_dim: int | None = Field(default=None, ge=1)  # None: the profile's d_model
 
     @field_validator("gpu")
     @classmethod

@@ -2,9 +2,9 @@
 
 Knobs (``POST /emulator/faults`` with any subset; ``GET`` reads them back):
 
-* ``fail_next`` N / ``fail_status`` S: the next N inference requests (POST /v1/chat/completions
-  and /v1/completions) answer HTTP S (default 503) with the engine's error body, before any
-  work is done;
+* ``fail_next`` N / ``fail_status`` S: the next N inference requests (POST /v1/chat/completions,
+  /v1/completions, /v1/responses, /v1/messages, /v1/embeddings) answer HTTP S (default 503)
+  with the engine's error body (its chat shape, on every path), before any work is done;
 * ``hang``: every engine route accepts the request and then answers nothing until ``hang``
   is cleared (the request body is read and held; a client that gives up is dropped);
 * ``slow_factor`` F: every engine step takes F times longer (read by the engine loop);
@@ -34,7 +34,8 @@ Send = Callable[[Message], Any]
 ASGIApp = Callable[[Scope, Receive, Send], Any]
 ErrorBody = Callable[[int, str], dict[str, Any]]
 
-INFERENCE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+INFERENCE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses",
+                             "/v1/messages", "/v1/embeddings"})
 
 
 class FaultPatch(BaseModel):

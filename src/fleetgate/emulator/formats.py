@@ -8,8 +8,8 @@ formats_sglang.py (SGLang 0.5.23, §2.5-2.6); both implement ``WireFormat``. SSE
 Generated text is deterministic filler: token i is the i-th word of a fixed cycle, with a
 leading space after the first; the EOS token that ends a natural stop has no text.
 
-May touch: orjson, the request description from parsing.py. Must not touch: I/O, clocks
-(``created`` comes in with the request), the engine.
+May touch: orjson, the request description from parsing.py, plan.py's types. Must not touch:
+I/O, clocks (``created`` comes in with the request), the engine.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import orjson
 
 from fleetgate.emulator.parsing import ParsedRequest
+from fleetgate.emulator.plan import ToolStep
 
 VLLM_VERSION = "0.33.0"
 SGLANG_VERSION = "0.5.23"
@@ -64,6 +65,13 @@ class WireFormat(Protocol):
     ) -> list[Json]: ...
 
     def stream_end(self, req: ParsedRequest, completion_tokens: int) -> list[Json]: ...
+
+    def tool_call_id(self) -> str: ...
+
+    def tool_stream_token(
+        self, req: ParsedRequest, step: ToolStep, call_id: str, completion_tokens: int,
+        finish_reason: str | None,
+    ) -> list[Json]: ...
 
     def response(
         self, req: ParsedRequest, text: str, completion_tokens: int, finish_reason: str

@@ -4,11 +4,15 @@ Bare 32-hex ids, ``model`` echoes the client, ``reasoning_content: null`` in eve
 chunks only for non-empty text, a separate finish chunk with ``matched_stop`` (EOS id 128009
 for a natural stop), continuous usage independent of include_usage; errors flat
 ``{"object": "error", message, type, param, code}``, nested only inside SSE error frames.
+Tool calls as ``--tool-call-parser llama3`` returns them (ids ``call_<24 hex>``, content "",
+finish "tool_calls"; tests/data/sglang_chat_tools*.{json,txt}).
 
 May touch: formats.py helpers. Must not touch: I/O, clocks, the engine.
 """
 
 from __future__ import annotations
+
+import uuid
 
 from fleetgate.emulator.formats import (
     Json,
@@ -17,6 +21,7 @@ from fleetgate.emulator.formats import (
     usage_body,
 )
 from fleetgate.emulator.parsing import ParsedRequest
+from fleetgate.emulator.plan import ToolStep
 
 
 class SglangWire:
@@ -40,7 +45,7 @@ class SglangWire:
     def stream_start(self, req: ParsedRequest) -> list[Json]:
         if req.kind != "chat":
             return []
-        delta = {"role": "assistant", "content": "", "reasoning_content": None}
+        delta = {"reasoning_content": None, "role": "assistant", "content": ""}  # msgspec order
         choice = {
             "index": 0,
             "delta": delta,
@@ -67,7 +72,7 @@ class SglangWire:
         if text:
             choice = {
                 "index": 0,
-                "delta": {"content": text, "reasoning_content": None},
+                "delta": {"reasoning_content": None, "content": text},
                 "logprobs": None,
                 "finish_reason": None,
                 "matched_stop": None,
@@ -81,6 +86,36 @@ class SglangWire:
                 "finish_reason": finish_reason,
                 "matched_stop": matched,
             }
+            chunks.append(self._with_usage(req, self._chunk(req, [choice]), completion_tokens))
+        return chunks
+
+    def tool_call_id(self) -> str:
+        return f"call_{uuid.uuid4().hex[:24]}"
+
+    def tool_stream_token(
+        self, req: ParsedRequest, step: ToolStep, call_id: str, completion_tokens: int,
+        finish_reason: str | None,
+    ) -> list[Json]:
+        """``_process_tool_call_stream`` (serving_chat.py:3604-3730): pydantic chunks with
+        every null kept; the name chunk carries ``arguments: ""``; then the separate msgspec
+        finish chunk ("tool_calls" once a call went out)."""
+        plan = req.plan
+        assert plan is not None and plan.call is not None
+        chunks: list[Json] = []
+        if step.name or step.fragment:
+            call = {"id": call_id if step.name else None, "index": 0, "type": "function",
+                    "function": {"name": plan.call.name if step.name else None,
+                                 "arguments": "" if step.name else step.fragment}}
+            delta = {"role": None, "content": None, "reasoning_content": None,
+                     "tool_calls": [call]}
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None,
+                      "matched_stop": None}
+            usage = _full_usage(req, completion_tokens) if req.continuous_usage else None
+            chunks.append(self._chunk(req, [choice]) | {"usage": usage})
+        if finish_reason is not None:
+            reason = "tool_calls" if finish_reason == "stop" and step.started else finish_reason
+            choice = {"index": 0, "delta": {"reasoning_content": None}, "logprobs": None,
+                      "finish_reason": reason, "matched_stop": matched_stop(finish_reason)}
             chunks.append(self._with_usage(req, self._chunk(req, [choice]), completion_tokens))
         return chunks
 
@@ -104,12 +139,16 @@ class SglangWire:
         }
         matched = matched_stop(finish_reason)
         if req.kind == "chat":
-            message = {
-                "role": "assistant",
-                "content": text,
-                "reasoning_content": None,
-                "tool_calls": None,
-            }
+            usage["completion_tokens_details"] = None
+            # ChatMessage drops tool_calls when None (protocol.py:1293-1304)
+            message: Json = {"role": "assistant", "content": text, "reasoning_content": None}
+            plan = req.plan
+            if plan is not None and plan.call is not None and finish_reason == "stop":
+                message["content"] = ""
+                message["tool_calls"] = [
+                    {"id": self.tool_call_id(), "index": 0, "type": "function",
+                     "function": {"name": plan.call.name, "arguments": plan.call.arguments}}]
+                finish_reason, matched = "tool_calls", None
             choice: Json = {
                 "index": 0,
                 "message": message,
@@ -152,3 +191,8 @@ class SglangWire:
             "code": status,
         }
         return {"error": flat} if in_stream else flat
+
+
+def _full_usage(req: ParsedRequest, completion_tokens: int) -> Json:
+    return usage_body(req, completion_tokens) | {
+        "prompt_tokens_details": None, "reasoning_tokens": 0, "completion_tokens_details": None}

@@ -17,9 +17,12 @@ tokens, ``finish_reason`` "length"; when absent -> ``natural_tokens`` (16 by def
 with an EOS token (no text, counted in ``completion_tokens``, as vLLM counts it), "stop".
 vLLM clamps an output that would overflow ``max_model_len``; SGLang answers 400 instead.
 
+A request whose output is constrained (tool calls, ``response_format``; plan.py) passes its
+``OutputPlan``: the planned text's tokens (``script``) then EOS replace the filler, so the
+natural length is the plan's, and ``max_tokens`` below it cuts the text ("length").
+
 Not modelled (accepted and ignored, as vLLM accepts extra fields): ``n`` > 1, ``stop``,
-sampling parameters, tools/response_format semantics, batched completion prompts (the first
-prompt is used).
+sampling parameters, batched completion prompts (the first prompt is used).
 
 May touch: the standard library. Must not touch: I/O, clocks, the engine.
 """
@@ -30,10 +33,13 @@ import math
 import secrets
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
+
+if TYPE_CHECKING:
+    from fleetgate.emulator.plan import OutputPlan
 
 CHAT_BASE_TOKENS = 5
 PER_MESSAGE_TOKENS = 5
@@ -60,6 +66,15 @@ class ParsedRequest:
     stream: bool
     include_usage: bool
     continuous_usage: bool
+    plan: OutputPlan | None = None  # constrained output (tool call / JSON), plan.py
+    pooling: bool = False  # an embedding request: prefill, one step, no text
+
+    def token_text(self, index: int, eos: bool) -> str | None:
+        """The planned text of output token ``index`` (None: use the filler)."""
+        if self.plan is None:
+            return None
+        pieces = self.plan.pieces
+        return "" if eos or index >= len(pieces) else pieces[index]
 
 
 @dataclass(frozen=True)
@@ -124,9 +139,12 @@ def parse_request(
     headers: Mapping[str, str],
     limits: EngineLimits,
     created: int,
+    plan: OutputPlan | None = None,
 ) -> ParsedRequest:
     """Validate ``body`` as ``limits.engine`` does; raise EngineError with its answer."""
     bad = _bad_request_type(limits.engine)
+    if plan is not None:
+        limits = replace(limits, natural_tokens=len(plan.pieces) + 1)
     if kind == "chat":
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -153,6 +171,8 @@ def parse_request(
         max_tokens, finish = _sglang_output(prompt, _requested_max(body, kind), limits)
         rid = body.get("rid")
         request_id = rid if isinstance(rid, str) and rid else uuid.uuid4().hex
+    if plan is not None and max_tokens >= limits.natural_tokens:
+        max_tokens, finish = limits.natural_tokens, "stop"  # the planned text fits: EOS
     return ParsedRequest(
         kind=kind,
         request_id=request_id,
@@ -164,6 +184,7 @@ def parse_request(
         stream=stream,
         include_usage=include_usage,
         continuous_usage=continuous,
+        plan=plan,
     )
 
 

@@ -1,8 +1,9 @@
 """HTTP plumbing of an emulated engine: the token-streaming response and the request log.
 
 ``EngineResponse`` is a raw ASGI response for one request in the engine: it streams SSE frames
-(or collects a JSON body) from the request's token queue while watching ``receive`` for
-``http.disconnect``; a client that goes away aborts its request in the engine at once.
+(or collects a JSON body) from the request's token queue through the API's ``StreamSession``
+(sessions.py) while watching ``receive`` for ``http.disconnect``; a client that goes away
+aborts its request in the engine at once.
 ``RequestLog`` keeps the last requests received (method, path, headers, body) for
 ``GET /emulator/requests``.
 
@@ -23,8 +24,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from fleetgate.emulator.faults import Receive, send_json
-from fleetgate.emulator.formats import DONE_FRAME, SSE_CONTENT_TYPE, WireFormat, sse
+from fleetgate.emulator.formats import SSE_CONTENT_TYPE
 from fleetgate.emulator.runtime import EngineRuntime, RequestHandle
+from fleetgate.emulator.sessions import StreamSession
 
 
 def json_response(body: Any, status: int = 200) -> Response:
@@ -60,16 +62,18 @@ class RequestLog:
 
 
 class EngineResponse:
-    """Streams (or collects) one request's tokens; aborts it if the client disconnects."""
+    """Streams (or collects) one request's tokens through its API's session (sessions.py);
+    aborts the request if the client disconnects."""
 
-    def __init__(self, runtime: EngineRuntime, wire: WireFormat, handle: RequestHandle) -> None:
-        self.runtime, self.wire, self.handle = runtime, wire, handle
+    def __init__(self, runtime: EngineRuntime, session: StreamSession, handle: RequestHandle
+                 ) -> None:
+        self.runtime, self.session, self.handle = runtime, session, handle
 
     async def __call__(self, scope: Any, receive: Receive, send: Any) -> None:
         work = asyncio.ensure_future(
             self._stream(send) if self.handle.req.stream else self._complete(send)
         )
-        gone = asyncio.ensure_future(_wait_disconnect(receive))
+        gone = asyncio.ensure_future(wait_disconnect(receive))
         try:
             await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -80,7 +84,7 @@ class EngineResponse:
                 await work
 
     async def _stream(self, send: Any) -> None:
-        req, wire = self.handle.req, self.wire
+        session = self.session
         await send(
             {
                 "type": "http.response.start",
@@ -88,17 +92,15 @@ class EngineResponse:
                 "headers": [(b"content-type", SSE_CONTENT_TYPE.encode())],
             }
         )
-        # Like both engines, the role chunk goes out with the first token (their stream
-        # generators emit it on the first engine output), so the first frame marks TTFT.
-        opening = b"".join(sse(c) for c in wire.stream_start(req))
+        # Like both engines, the first frames go out with the first token (their stream
+        # generators emit them on the first engine output), so the first frame marks TTFT.
+        opening = session.opening()
         while True:
             out = await self.handle.queue.get()
-            frames = wire.stream_token(req, out.text, out.completion_tokens, out.finish_reason)
-            payload = opening + b"".join(sse(c) for c in frames)
+            payload = opening + session.token(out)
             opening = b""
             if out.finish_reason is not None:
-                tail = wire.stream_end(req, out.completion_tokens)
-                payload += b"".join(sse(c) for c in tail) + DONE_FRAME
+                payload += session.closing(out)
                 await send({"type": "http.response.body", "body": payload})
                 return
             if payload:
@@ -111,12 +113,9 @@ class EngineResponse:
             parts.append(out.text)
             if out.finish_reason is not None:
                 break
-        body = self.wire.response(
-            self.handle.req, "".join(parts), out.completion_tokens, out.finish_reason
-        )
-        await send_json(send, 200, body)
+        await send_json(send, 200, self.session.body("".join(parts), out))
 
 
-async def _wait_disconnect(receive: Receive) -> None:
+async def wait_disconnect(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass

@@ -13,7 +13,9 @@ when the HTTP client disconnects, so ``num_requests_running`` falls at once (vLL
 real SGLang waits ~2 s after a stream closes, engines.md §2.7, the emulator does not).
 
 May touch: asyncio, the perf model, the metrics object. Must not touch: HTTP, wire formats
-(except ``token_text`` for the generated filler).
+(except ``token_text`` for the generated filler; a request with an output plan brings its own
+text). An embedding request (``pooling``) is one prefill and one step that counts no output
+token in the metrics.
 """
 
 from __future__ import annotations
@@ -225,13 +227,15 @@ class EngineRuntime:
             if handle.record:
                 if ev.index == 0:
                     self.metrics.on_first_token(now - handle.arrival, req.prompt_tokens, req.stream)
-                self.metrics.on_token(None if ev.index == 0 else now - handle.last_at)
+                if not req.pooling:
+                    self.metrics.on_token(None if ev.index == 0 else now - handle.last_at)
             if ev.index == 0:
                 handle.first_at = now
             handle.last_at = now
             handle.generated = ev.index + 1
             finish = req.finish_reason if ev.finished else None
-            text = token_text(ev.index, eos=finish == "stop")
+            planned = req.token_text(ev.index, eos=finish == "stop")
+            text = token_text(ev.index, eos=finish == "stop") if planned is None else planned
             handle.queue.put_nowait(Output(text, ev.index + 1, finish))
             if ev.finished:
                 self._forget(handle)
@@ -257,7 +261,7 @@ class EngineRuntime:
                 e2e_s=now - handle.arrival,
                 tpot_s=tpot,
                 prompt_tokens=handle.req.prompt_tokens,
-                completion_tokens=tokens,
+                completion_tokens=0 if handle.req.pooling else tokens,
                 max_tokens=handle.req.max_tokens,
                 finish_reason=reason,
                 streaming=handle.req.stream,

@@ -3,8 +3,10 @@
 ``create_emulator_app(config)`` builds one ``EmulatedEngine`` (simulator, engine loop, wire
 format, metrics, faults, request log) and a Starlette app whose lifespan runs the engine loop.
 
-Engine routes (engines.md §1.3 and §2.3): ``POST /v1/chat/completions``, ``POST
-/v1/completions``, ``GET /v1/models``, ``GET /metrics``, ``GET /health``, ``GET /ping``;
+Engine routes (engines.md §1.3 and §2.3): ``POST /v1/chat/completions`` (tools and
+``response_format`` honoured, plan.py), ``POST /v1/completions``, ``POST /v1/responses``,
+``POST /v1/messages``, ``POST /v1/embeddings`` (apis.py), ``GET /v1/models``, ``GET /metrics``,
+``GET /health``, ``GET /ping``;
 vLLM also ``/version``, ``/load`` (reports in-flight requests, as with
 ``--enable-server-load-tracking``), ``POST /ping``, ``/metrics/``; SGLang also
 ``/health_generate`` (``/health`` runs a 1-token generation through the engine, as SGLang's
@@ -46,6 +48,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from fleetgate.emulator.apis import ApiRoutes
 from fleetgate.emulator.config import EmulatorConfig
 from fleetgate.emulator.faults import FaultMiddleware, FaultPatch, FaultState
 from fleetgate.emulator.formats import (
@@ -69,8 +72,10 @@ from fleetgate.emulator.parsing import (
     decode_body,
     parse_request,
 )
+from fleetgate.emulator.plan import body_seed, plan_output
 from fleetgate.emulator.responses import EngineResponse, RequestLog, json_response
 from fleetgate.emulator.runtime import EngineRuntime
+from fleetgate.emulator.sessions import ChatSession
 
 HEALTH_TIMEOUT_S = 20.0
 
@@ -101,6 +106,7 @@ class EmulatedEngine:
             config.build_sim(), self.metrics, config.speed, lambda: self.faults.slow_factor
         )
         self.log = RequestLog(config.request_log_size)
+        self.apis = ApiRoutes(self)
 
     def error_body(self, status: int, message: str) -> dict[str, Any]:
         err_type = HTTPStatus(status).phrase if self.engine == "vllm" else str(status)
@@ -126,13 +132,18 @@ class EmulatedEngine:
         self.log.record(request, raw)
         try:
             body = decode_body(raw, self.engine)
-            req = parse_request(kind, body, request.headers, self.limits, int(time.time()))
+            plan = None
+            if kind == "chat":
+                seed = body_seed(body.get("messages"), body.get("tools"),
+                                 body.get("tool_choice"), body.get("response_format"))
+                plan = plan_output(body, self.engine, seed)
+            req = parse_request(kind, body, request.headers, self.limits, int(time.time()), plan)
         except EngineError as exc:
             return self._error(exc)
         cap = self.config.max_queued_requests
         if cap is not None and self.runtime.sim.num_waiting >= cap:
             return self._queue_full(req)
-        return EngineResponse(self.runtime, self.wire, self.runtime.submit(req))
+        return EngineResponse(self.runtime, ChatSession(self.wire, req), self.runtime.submit(req))
 
     def _queue_full(self, req: ParsedRequest) -> Response:
         self.metrics.on_rejected()
@@ -305,6 +316,9 @@ class EmulatedEngine:
         routes = [
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/responses", self.apis.responses, methods=["POST"]),
+            Route("/v1/messages", self.apis.messages, methods=["POST"]),
+            Route("/v1/embeddings", self.apis.embeddings, methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/metrics", self.metrics_route, methods=["GET"]),
             Route("/emulator/requests", self.emulator_requests, methods=["GET", "DELETE"]),
