@@ -1,4 +1,4 @@
-"""The ``fleetgate`` command line (one typer app): serve, check, emulate, worker.
+"""The ``fleetgate`` command line (one typer app): serve, check, emulate, worker, simulate, plan.
 
 Thin: each command parses its options and calls into the package. ``serve`` runs the gateway
 under uvicorn (uvloop + httptools); ``check`` validates a config and prints the resolved
@@ -198,6 +198,15 @@ def _logging(level: str) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per probe is noise
 
+
+def _register_simulator() -> None:
+    from fleetgate.sim import cli as sim_cli
+
+    app.command()(sim_cli.simulate)
+    app.command()(sim_cli.plan)
+
+
+_register_simulator()
 
 if __name__ == "__main__":
     app()

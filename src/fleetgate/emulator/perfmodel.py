@@ -22,13 +22,22 @@ Scheduling follows vLLM v1 (SGLang is close enough at this level):
 * the step that completes a prefill samples that request's next token, so TTFT = queueing +
   every step until the last prefill chunk; each later step adds one token (ITL = step time).
 
-Step durations come from ``hardware.step_seconds`` (gpus.md §4.1 roofline).
+Step durations come from ``catalog.roofline.step_seconds`` (gpus.md §4.1 roofline).
+
+Decode runs (for the fleet simulator): while the batch only decodes and nothing can join it,
+the coming steps differ only by the KV tokens they read, so ``plan_decode_run`` describes
+them as one ``DecodeRun`` (each step's duration, in closed form) and ``run_decode`` applies
+any prefix of it at once: the same tokens, counters and step times as stepping one by one,
+without a Python loop over the batch per step. The live emulator keeps stepping.
 
 May touch: fleetgate.catalog. Must not touch: asyncio, clocks, I/O, HTTP.
 """
 
 from __future__ import annotations
 
+import heapq
+import math
+from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -50,6 +59,8 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
+        if self.max_num_batched_tokens < self.max_num_seqs:  # vLLM refuses this too
+            raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
         if not 0.0 <= self.kv_reserve_ratio <= 1.0:
             raise ValueError("kv_reserve_ratio must be within [0, 1]")
 
@@ -73,8 +84,48 @@ class SimCounters:
     steps_total: int
 
 
+@dataclass(frozen=True, slots=True)
+class DecodeRun:
+    """``steps`` decode steps of one unchanged batch of ``batch`` sequences (see
+    ``EngineSim.plan_decode_run``). Step j (from 0) reads ``batch`` more KV tokens than step
+    j-1, so its duration is ``first_s + slope_s·j`` while the step stays on one side of the
+    roofline; when the run crosses it, ``ends`` holds the exact cumulative end times."""
+
+    batch: int
+    steps: int
+    first_s: float
+    slope_s: float
+    ends: tuple[float, ...] = ()
+
+    def elapsed(self, m: int) -> float:
+        """Seconds from the start of the run until its first ``m`` steps have completed."""
+        if m <= 0:
+            return 0.0
+        if self.ends:
+            return self.ends[m - 1]
+        return m * self.first_s + self.slope_s * (m * (m - 1) / 2)
+
+    def steps_done(self, seconds: float) -> int:
+        """How many whole steps have completed ``seconds`` into the run (0..steps)."""
+        if seconds <= 0:
+            return 0
+        if self.ends:
+            return bisect_right(self.ends, seconds)
+        a, b = self.slope_s / 2, self.first_s - self.slope_s / 2
+        m = int(seconds / b) if a <= 0 else int((math.sqrt(b * b + 4 * a * seconds) - b) / (2 * a))
+        m = min(max(m, 0), self.steps)
+        while m < self.steps and self.elapsed(m + 1) <= seconds:
+            m += 1
+        while m > 0 and self.elapsed(m) > seconds:
+            m -= 1
+        return m
+
+
 @dataclass(eq=False, slots=True)
 class _Seq:
+    """One request. While it decodes (``epoch0 >= 0``) ``generated`` and ``kv`` are as of
+    decode epoch ``epoch0``; the engine adds the decode steps since (``_materialise``)."""
+
     request_id: str
     prompt_tokens: int
     max_tokens: int
@@ -82,6 +133,8 @@ class _Seq:
     kv: int = 0  # KV-cache tokens allocated (the whole prefill target is allocated at admission)
     prefill_left: int = 0
     state: str = "waiting"  # waiting | running | done
+    epoch0: int = -1  # decode epoch its counts refer to; -1 while not decoding
+    ticket: int = 0  # tells its current finish-heap entry from stale ones
 
     @property
     def remaining(self) -> int:
@@ -92,12 +145,18 @@ class _Seq:
 class _Plan:
     duration: float
     tokens: int
-    decodes: list[_Seq] = field(default_factory=list)
+    decodes: int = 0  # decoding sequences when the step was planned
     chunks: list[tuple[_Seq, int]] = field(default_factory=list)
 
 
 class EngineSim:
-    """One replica's scheduler and cost model. See the module docstring."""
+    """One replica's scheduler and cost model. See the module docstring.
+
+    Decoding sequences are counted lazily: a decode step advances one epoch counter and the
+    sums the scheduler needs (KV in use, KV read, outputs still to come) follow from
+    per-sequence offsets, so a step costs O(prefill chunks + finishes), not O(batch); a
+    heap ordered by the epoch each sequence finishes at yields the finishes.
+    """
 
     def __init__(
         self,
@@ -119,9 +178,15 @@ class EngineSim:
         self._waiting: deque[_Seq] = deque()  # lazily skips aborted entries
         self._num_waiting = 0
         self._running: dict[str, _Seq] = {}  # admission order: the last one is preempted first
-        self._kv_used = 0
-        self._remaining_running = 0  # outputs the running requests may still produce
+        self._prefilling: dict[str, _Seq] = {}  # the running ones still prefilling, same order
+        self._kv_pre = self._rem_pre = 0  # KV held / outputs to come of the prefilling ones
+        self._epoch = 0  # decode steps so far
+        self._n_dec = 0  # decoding sequences
+        self._kv_dec = self._rem_dec = 0  # their sums of (kv - epoch0), (remaining + epoch0)
+        self._finishes: list[tuple[int, int, _Seq]] = []  # (finish epoch, ticket, seq)
+        self._tickets = 0
         self._plan: _Plan | None = None
+        self._linear: dict[int, tuple[float, float] | None] = {}  # batch -> decode step fit
         self._prompt_total = self._gen_total = self._preempted = 0
         self._finished = self._aborted = self._steps = 0
         self.last_step_tokens = 0
@@ -166,27 +231,64 @@ class EngineSim:
             self._plan = self._make_plan()
         return None if self._plan is None else self._plan.duration
 
-    def step(self) -> list[TokenEvent]:
-        """Run the planned step: every scheduled request advances; returns the new tokens."""
+    def step(self, every_token: bool = True) -> list[TokenEvent]:
+        """Run the planned step: every scheduled request advances; returns the new tokens
+        (``every_token=False``: only first tokens and the tokens that finish a request, the
+        simulator's view; the step itself is the same)."""
         plan = self._plan if self._plan is not None else self._make_plan()
         self._plan = None
         if plan is None:
             return []
         events: list[TokenEvent] = []
-        for seq in plan.decodes:
-            if seq.state == "running":
-                seq.kv += 1
-                self._kv_used += 1
-                events.append(self._emit(seq))
+        if plan.decodes and self._n_dec:
+            if every_token:
+                events += [TokenEvent(s.request_id, s.generated + self._epoch - s.epoch0,
+                                      s.max_tokens - s.generated == self._epoch - s.epoch0 + 1)
+                           for s in self._running.values() if s.epoch0 >= 0]
+            self._advance_decodes(1, events if not every_token else None)
         for seq, n in plan.chunks:
             if seq.state == "running":
                 seq.prefill_left -= n
                 if seq.prefill_left == 0:
                     if seq.generated == 0:
                         self._prompt_total += seq.prompt_tokens
-                    events.append(self._emit(seq))
+                    events.append(self._complete_prefill(seq))
         self._steps += 1
         self.last_step_tokens = plan.tokens
+        return events
+
+    # -- decode runs (the fleet simulator's shortcut; same results as stepping) ------------
+    def plan_decode_run(self, max_steps: int) -> DecodeRun | None:
+        """The next steps as one run when they only decode an unchanged batch, else None.
+
+        That holds while every running request has finished its prefill, nothing can be
+        admitted (the queue is empty, or ``max_num_seqs`` is reached, or its head does not
+        fit: decoding only fills the cache, so it stays so until a request finishes) and the
+        KV cache has room for every decode (no preemption). The run ends at the first
+        finish, at ``max_steps``, or before the cache would overflow. Stepping through it
+        gives the same tokens at the same times; ``run_decode`` applies any prefix of it at
+        once. None when fewer than two steps qualify (then step normally).
+        """
+        if self._plan is not None or not self._running:
+            return None
+        self._ensure_decode_room()
+        if self._prefilling or not self._n_dec or self._admissible():
+            return None
+        steps = min(max_steps, self._next_finish() - self._epoch,
+                    (self.kv_capacity_tokens - self.kv_used_tokens) // self._n_dec)
+        if steps < 2:
+            return None
+        return self._decode_run(self._n_dec, self._kv_dec + self._n_dec * self._epoch, steps)
+
+    def run_decode(self, steps: int) -> list[TokenEvent]:
+        """Apply the first ``steps`` steps of the planned decode run at once; returns only
+        the tokens that finished a request."""
+        self._plan = None
+        events: list[TokenEvent] = []
+        batch = self._n_dec
+        self._advance_decodes(steps, events)
+        self._steps += steps
+        self.last_step_tokens = batch
         return events
 
     # -- state for metrics ---------------------------------------------------------------
@@ -200,12 +302,12 @@ class EngineSim:
 
     @property
     def kv_used_tokens(self) -> int:
-        return self._kv_used
+        return self._kv_pre + self._kv_dec + self._n_dec * self._epoch
 
     @property
     def kv_usage(self) -> float:
         """Fraction of the KV cache in use, 0..1 (vllm:kv_cache_usage_perc, sglang:token_usage)."""
-        return self._kv_used / self.kv_capacity_tokens
+        return self.kv_used_tokens / self.kv_capacity_tokens
 
     def waiting_prompt_tokens(self) -> int:
         return sum(s.prompt_tokens + s.generated for s in self._waiting if s.state == "waiting")
@@ -223,16 +325,10 @@ class EngineSim:
     # -- internals -----------------------------------------------------------------------
     def _make_plan(self) -> _Plan | None:
         self._ensure_decode_room()
-        budget = self.scheduler.max_num_batched_tokens
-        plan = _Plan(duration=0.0, tokens=0)
-        kv_read = attention = 0.0
-        for seq in self._running.values():
-            if seq.prefill_left == 0 and budget > 0:
-                plan.decodes.append(seq)
-                budget -= 1
-                kv_read += seq.kv
-        attention = kv_read
-        prefilling = [s for s in self._running.values() if s.prefill_left > 0]
+        budget = self.scheduler.max_num_batched_tokens - self._n_dec
+        plan = _Plan(duration=0.0, tokens=0, decodes=self._n_dec)
+        kv_read = attention = float(self._kv_dec + self._n_dec * self._epoch)
+        prefilling = list(self._prefilling.values())
         for seq in prefilling + self._admit_while(budget, prefilling):
             n = min(seq.prefill_left, budget)
             if n <= 0:
@@ -242,7 +338,7 @@ class EngineSim:
             budget -= n
             kv_read += done + n
             attention += n * (done + n / 2)
-        plan.tokens = len(plan.decodes) + sum(n for _, n in plan.chunks)
+        plan.tokens = self._n_dec + sum(n for _, n in plan.chunks)
         if plan.tokens == 0:
             return None
         load = StepLoad(tokens=plan.tokens, kv_tokens_read=kv_read, attention_pairs=attention)
@@ -266,30 +362,100 @@ class EngineSim:
             budget -= seq.prefill_left
         return admitted
 
+    def _admissible(self) -> bool:
+        """Whether the head of the queue would be admitted into the next step."""
+        while self._waiting and self._waiting[0].state != "waiting":
+            self._waiting.popleft()
+        if not self._num_waiting or len(self._running) >= self.scheduler.max_num_seqs:
+            return False
+        return self._fits(self._waiting[0])
+
     def _fits(self, seq: _Seq) -> bool:
         ratio = self.scheduler.kv_reserve_ratio
-        claimed = self._kv_used + ratio * self._remaining_running
+        remaining = self._rem_pre + self._rem_dec - self._n_dec * self._epoch  # running ones
+        claimed = self.kv_used_tokens + ratio * remaining
         need = seq.prompt_tokens + seq.generated + ratio * seq.remaining
         return claimed + need <= self.kv_capacity_tokens
 
     def _start(self, seq: _Seq) -> None:
         seq.state = "running"
         seq.prefill_left = seq.kv = seq.prompt_tokens + seq.generated
-        self._kv_used += seq.kv
-        self._remaining_running += seq.remaining
+        self._kv_pre += seq.kv
+        self._rem_pre += seq.remaining
         self._running[seq.request_id] = seq
+        self._prefilling[seq.request_id] = seq
+
+    def _complete_prefill(self, seq: _Seq) -> TokenEvent:
+        """The step that ends a prefill samples the next token; the request then decodes."""
+        del self._prefilling[seq.request_id]
+        self._kv_pre -= seq.kv
+        self._rem_pre -= seq.remaining
+        index = seq.generated
+        seq.generated += 1
+        self._gen_total += 1
+        if seq.generated >= seq.max_tokens:
+            self._done(seq)
+            return TokenEvent(seq.request_id, index, True)
+        seq.epoch0 = self._epoch
+        self._tickets += 1
+        seq.ticket = self._tickets
+        self._n_dec += 1
+        self._kv_dec += seq.kv - seq.epoch0
+        self._rem_dec += seq.remaining + seq.epoch0
+        heapq.heappush(self._finishes, (seq.epoch0 + seq.remaining, seq.ticket, seq))
+        return TokenEvent(seq.request_id, index, False)
+
+    def _advance_decodes(self, steps: int, finished: list[TokenEvent] | None) -> None:
+        """``steps`` decode steps for every decoding request; releases those that finish
+        (appending their last token to ``finished`` when given)."""
+        self._epoch += steps
+        self._gen_total += steps * self._n_dec
+        heap = self._finishes
+        while heap and heap[0][0] <= self._epoch:
+            _, ticket, seq = heapq.heappop(heap)
+            if seq.ticket != ticket or seq.epoch0 < 0:
+                continue  # preempted or aborted since
+            self._materialise(seq)
+            if finished is not None:
+                finished.append(TokenEvent(seq.request_id, seq.generated - 1, True))
+            self._done(seq)
+
+    def _next_finish(self) -> int:
+        heap = self._finishes
+        while heap and (heap[0][2].ticket != heap[0][1] or heap[0][2].epoch0 < 0):
+            heapq.heappop(heap)
+        return heap[0][0] if heap else self._epoch
+
+    def _materialise(self, seq: _Seq) -> None:
+        """Take a decoding request out of the lazy sums with its counts brought up to date."""
+        self._n_dec -= 1
+        self._kv_dec -= seq.kv - seq.epoch0
+        self._rem_dec -= seq.remaining + seq.epoch0
+        advanced = self._epoch - seq.epoch0
+        seq.generated += advanced
+        seq.kv += advanced
+        seq.epoch0 = -1
 
     def _release(self, seq: _Seq) -> None:
+        if seq.epoch0 >= 0:
+            self._materialise(seq)
+        elif seq.request_id in self._prefilling:
+            del self._prefilling[seq.request_id]
+            self._kv_pre -= seq.kv
+            self._rem_pre -= seq.remaining
         del self._running[seq.request_id]
-        self._kv_used -= seq.kv
-        self._remaining_running -= seq.remaining
         seq.kv = 0
+
+    def _done(self, seq: _Seq) -> None:
+        self._running.pop(seq.request_id, None)
+        seq.kv, seq.state = 0, "done"
+        del self._seqs[seq.request_id]
+        self._finished += 1
 
     def _ensure_decode_room(self) -> None:
         """Preempt (LIFO) until every decoding request can append one KV token."""
         while self._running:
-            decoding = sum(1 for s in self._running.values() if s.prefill_left == 0)
-            if self._kv_used + decoding <= self.kv_capacity_tokens:
+            if self.kv_used_tokens + self._n_dec <= self.kv_capacity_tokens:
                 return
             victim = next(reversed(self._running.values()))
             self._release(victim)
@@ -298,15 +464,37 @@ class EngineSim:
             self._num_waiting += 1
             self._preempted += 1
 
-    def _emit(self, seq: _Seq) -> TokenEvent:
-        index = seq.generated
-        seq.generated += 1
-        self._remaining_running -= 1
-        self._gen_total += 1
-        finished = seq.generated >= seq.max_tokens
-        if finished:
-            self._release(seq)
-            seq.state = "done"
-            del self._seqs[seq.request_id]
-            self._finished += 1
-        return TokenEvent(seq.request_id, index, finished)
+    def _decode_run(self, batch: int, kv0: int, steps: int) -> DecodeRun:
+        """Step j reads ``kv0 + j*batch`` KV tokens. Per batch size the step time is checked
+        once for being linear in the tokens read over the whole cache (it is, unless the
+        step crosses the roofline's ridge); then a run costs no roofline evaluation."""
+        if batch not in self._linear:
+            self._linear[batch] = self._linear_fit(batch, 0, self.kv_capacity_tokens)
+        fit = self._linear[batch]
+        if fit is None:
+            fit = self._linear_fit(batch, kv0, kv0 + (steps - 1) * batch)
+        if fit is not None:
+            base, per_token = fit
+            return DecodeRun(batch, steps, base + per_token * kv0, per_token * batch)
+        ends, total = [], 0.0
+        for j in range(steps):
+            total += self._decode_seconds(batch, kv0 + j * batch)
+            ends.append(total)
+        return DecodeRun(batch, steps, ends[0], ends[1] - 2 * ends[0], tuple(ends))
+
+    def _decode_seconds(self, batch: int, kv_read: float) -> float:
+        load = StepLoad(tokens=batch, kv_tokens_read=kv_read, attention_pairs=kv_read)
+        return step_seconds(self.gpu, self.profile, load, self.tp, self.stack)
+
+    def _linear_fit(self, batch: int, lo: float, hi: float) -> tuple[float, float] | None:
+        """(seconds at 0 KV tokens read, seconds per token read) when a decode step of
+        ``batch`` is linear in the tokens read over [lo, hi] (its midpoint on the chord:
+        the step time is convex), else None."""
+        if hi <= lo:
+            return None
+        a, b = self._decode_seconds(batch, lo), self._decode_seconds(batch, hi)
+        mid = self._decode_seconds(batch, (lo + hi) / 2)
+        if abs(mid - (a + b) / 2) > 1e-9 * b:
+            return None
+        per_token = (b - a) / (hi - lo)
+        return a - per_token * lo, per_token

@@ -1,0 +1,55 @@
+"""The lower bound: the cheapest the same work could cost on these pools, within the SLO.
+
+A linear program (scipy's HiGHS) over ``x_p``, the busy replica-seconds spent on pool ``p``:
+
+    minimise    Σ_p usd_per_s_p · x_p
+    subject to  Σ_p tokens_per_s_p · x_p  >=  output tokens of the run
+                0 <= x_p <= replicas_p · duration      (max_replicas for autoscaled pools)
+
+``tokens_per_s_p`` is what one replica of the pool sustains while meeting the SLO on this
+workload's mix (``capacity.py``), so the bound is "every token made on the cheapest-per-token
+capacity there is, each busy replica exactly at its SLO limit". It is in the units of a
+policy's ``usd`` (busy GPU-time, the ledger's rule): a policy that keeps replicas busier
+than their SLO limit can undercut it only by missing the SLO. ``None`` when the fleet
+cannot make the tokens within the SLO at all.
+
+May touch: scipy.optimize. Must not touch: the simulator's state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import linprog
+
+
+@dataclass(frozen=True)
+class PoolCapacity:
+    name: str
+    replicas: int
+    usd_per_s: float  # one replica
+    tokens_per_s: float  # one replica at the SLO
+
+
+@dataclass(frozen=True)
+class Bound:
+    usd: float
+    usd_per_mtok: float
+    busy_replica_s: dict[str, float]
+
+
+def lower_bound(pools: list[PoolCapacity], output_tokens: float,
+                duration_s: float) -> Bound | None:
+    usable = [p for p in pools if p.tokens_per_s > 0 and p.replicas > 0]
+    if output_tokens <= 0 or not usable:
+        return None
+    cost = np.array([p.usd_per_s for p in usable])
+    rate = np.array([p.tokens_per_s for p in usable])
+    result = linprog(cost, A_ub=-rate[None, :], b_ub=[-output_tokens],
+                     bounds=[(0.0, p.replicas * duration_s) for p in usable], method="highs")
+    if result.status != 0:
+        return None
+    usd = float(result.fun)
+    busy = {p.name: float(x) for p, x in zip(usable, result.x, strict=True)}
+    return Bound(usd, usd / output_tokens * 1e6, busy)

@@ -1,0 +1,129 @@
+"""A simulated fleet from a fleet config: the gateway's own endpoints and live state, plus one
+emulated engine (``SimReplica``) per endpoint.
+
+Endpoints and their ``LiveFleet`` come from ``state.fleet`` (``endpoints_of``,
+``live_fleet``), the functions the live gateway builds its fleet with, so the router sees
+the same ids, priors, prices and columns. Each endpoint's engine is the emulator's
+(``EmulatorConfig.build_sim``) with what its source says: ``emulated://ENGINE/GPU?profile=
+&stack=&tp=&speed=``; an ``http://`` endpoint of a vLLM or SGLang pool is simulated as that
+engine on the pool's accelerator with the defaults (TP = ``gpus_per_replica``, stock stack).
+Pools of other engines (``openai``) or on ``cpu`` have no performance model: an error.
+
+A pool with ``autoscale`` gets ``max_replicas`` slots (the configured endpoints first, then
+copies of its first source told apart by a ``#slotN`` fragment); the autoscaler decides
+which slots exist. The ``#N`` fragment also tells apart the replicas of a planned fleet.
+
+May touch: config, state.fleet, the emulator's config and perf model. Must not touch: I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from urllib.parse import parse_qs, urlsplit
+
+import numpy as np
+import numpy.typing as npt
+
+from fleetgate.config.schema import AutoscaleConfig, FleetConfig, PoolConfig
+from fleetgate.emulator.config import EmulatorConfig
+from fleetgate.emulator.perfmodel import EngineSim
+from fleetgate.routing import Endpoint
+from fleetgate.sim.replica import SimReplica
+from fleetgate.state.fleet import endpoints_of, live_fleet
+from fleetgate.state.live import LiveFleet
+
+STALE_AFTER_S = 10.0  # the gateway's default (Settings), so staleness behaves the same
+
+
+class FleetError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class SimPool:
+    name: str
+    slots: tuple[int, ...]  # endpoint indices of this pool
+    initial: int  # replicas that exist at t=0 (the first ``initial`` slots)
+    autoscale: AutoscaleConfig | None
+    usd_per_s: float  # one replica
+    gpus_per_replica: int
+
+
+@dataclass
+class SimFleet:
+    config: FleetConfig
+    endpoints: list[Endpoint]
+    live: LiveFleet
+    replicas: list[SimReplica]
+    pools: list[SimPool]
+    pool_of: npt.NDArray[np.int64]  # endpoint index -> pool index
+
+
+def build_fleet(config: FleetConfig, stale_after_s: float = STALE_AFTER_S) -> SimFleet:
+    """A fresh fleet (new live state, idle engines): one per simulated policy."""
+    endpoints: list[Endpoint] = []
+    replicas: list[SimReplica] = []
+    pools: list[SimPool] = []
+    pool_of: list[int] = []
+    for p, pool in enumerate(config.pools):
+        eps = endpoints_of(_with_slots(pool))
+        factories: dict[str, Callable[[], EngineSim]] = {}
+        for ep in eps:
+            base = ep.source.split("#", 1)[0]
+            if base not in factories:
+                factories[base] = engine_factory(pool, base)
+            replicas.append(SimReplica(factories[base], source_speed(base)))
+        first = len(endpoints)
+        endpoints += eps
+        pool_of += [p] * len(eps)
+        initial = len(pool.endpoints)
+        if pool.autoscale is not None:
+            initial = min(max(initial, pool.autoscale.min_replicas), pool.autoscale.max_replicas)
+        pools.append(SimPool(pool.name, tuple(range(first, len(endpoints))), initial,
+                             pool.autoscale, eps[0].usd_per_s, pool.gpus_per_replica))
+    live = live_fleet(endpoints, stale_after_s)
+    return SimFleet(config, endpoints, live, replicas, pools, np.array(pool_of, dtype=np.int64))
+
+
+def _with_slots(pool: PoolConfig) -> PoolConfig:
+    scale = pool.autoscale
+    if scale is None:
+        return pool
+    if len(pool.endpoints) > scale.max_replicas:
+        raise FleetError(f"pool {pool.name}: {len(pool.endpoints)} endpoints but "
+                         f"autoscale.max_replicas is {scale.max_replicas}")
+    extra = [f"{pool.endpoints[0].split('#', 1)[0]}#slot{k}"
+             for k in range(len(pool.endpoints), scale.max_replicas)]
+    return pool.model_copy(update={"endpoints": [*pool.endpoints, *extra]})
+
+
+def engine_factory(pool: PoolConfig, source: str) -> Callable[[], EngineSim]:
+    """How to build (and rebuild, after a crash) the engine behind ``source``."""
+    return emulator_config(pool, source).build_sim
+
+
+def emulator_config(pool: PoolConfig, source: str) -> EmulatorConfig:
+    """The emulated engine that stands for ``source`` (see the module docstring)."""
+    parts = urlsplit(source)
+    query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    engine = parts.netloc if parts.scheme == "emulated" else pool.engine
+    if engine not in ("vllm", "sglang") or pool.accelerator == "cpu":
+        raise FleetError(f"pool {pool.name}: a {pool.engine} engine on {pool.accelerator} has "
+                         "no performance model to simulate")
+    try:
+        cfg = EmulatorConfig.model_validate({
+            "engine": engine, "gpu": pool.accelerator,
+            "served_models": sorted(set(pool.models.values())), "profile": query.get("profile"),
+            "stack": query.get("stack", "stock"), "tp": int(query.get("tp", pool.gpus_per_replica)),
+            "max_model_len": pool.max_model_len})
+    except ValueError as exc:
+        raise FleetError(f"pool {pool.name}: {exc}") from None
+    return cfg
+
+
+def source_speed(source: str) -> float:
+    if not source.startswith("emulated://"):
+        return 1.0
+    query = parse_qs(urlsplit(source).query)
+    return float(query.get("speed", ["1"])[-1])

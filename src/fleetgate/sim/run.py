@@ -1,0 +1,141 @@
+"""``simulate``: replay one workload through every asked-for policy of a fleet; the JSON report.
+
+For each policy: a fresh fleet (idle engines, live state at its priors, breakers closed), a
+router built with the run's seed, the same requests (drawn once from the seed, or read from
+a trace), the same faults; then ``summary.summarize``. Beside the policies, the lower bound
+(``bound.py``) from each pool's SLO capacity on this workload (``capacity.py``), which the
+autoscaler also uses as a replica's capacity.
+
+The result is the ``simulate --json`` object of DESIGN.md §1 (extra keys: per-pool rows,
+percentiles of e2e, counts of failed and shed requests, the capacities used). It holds no
+wall-clock time, so one seed always gives the same bytes (``dumps``).
+
+May touch: everything in ``sim``, config loading. Must not touch: the gateway, wall clocks
+(the caller times runs if it wants to).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from fleetgate.config.schema import FleetConfig
+from fleetgate.sim.arrivals import DEFAULT_DURATION_S, RequestSet, generate
+from fleetgate.sim.bound import PoolCapacity, lower_bound
+from fleetgate.sim.capacity import Capacity, Mix, replica_capacity, sample_mix
+from fleetgate.sim.fleet import SimFleet, build_fleet, emulator_config, source_speed
+from fleetgate.sim.loop import Simulation
+from fleetgate.sim.outcomes import Outcomes
+from fleetgate.sim.summary import sig, summarize
+from fleetgate.sim.trace import read_trace
+from fleetgate.sim.workload import Workload
+
+
+@dataclass
+class PolicyRun:
+    policy: str
+    fleet: SimFleet
+    outcomes: Outcomes
+    summary: dict[str, Any]
+
+
+@dataclass
+class Report:
+    seed: int
+    duration_s: float
+    requests: RequestSet
+    runs: list[PolicyRun]
+    capacities: dict[str, Capacity]
+    bound: dict[str, Any] | None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "seed": self.seed, "duration_s": sig(self.duration_s), "requests": len(self.requests),
+            "policies": {run.policy: run.summary for run in self.runs},
+            "lower_bound": self.bound,
+            "capacity": {name: {"rate_per_s": sig(c.rate_per_s),
+                                "tokens_per_s": sig(c.tokens_per_s),
+                                "concurrency": sig(c.concurrency)}
+                         for name, c in self.capacities.items()},
+        }
+
+
+def dumps(obj: dict[str, Any]) -> bytes:
+    return orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
+
+
+def workload_requests(workload: Workload, seed: int,
+                      duration_s: float | None) -> tuple[RequestSet, float]:
+    """The run's requests and its duration (a trace's span when nothing says otherwise)."""
+    path = workload.trace_path()
+    if path is None:
+        duration = duration_s or workload.duration_s or DEFAULT_DURATION_S
+        return generate(workload, seed, duration), duration
+    rule = workload.requests.max_tokens if workload.requests else "exact"
+    read = read_trace(path, workload.arrivals.speedup, rule)
+    duration = duration_s or workload.duration_s or read.span_s + 1e-6
+    return read.requests.until(duration), duration
+
+
+def workload_mix(workload: Workload, requests: RequestSet) -> Mix:
+    cv = workload.arrivals.cv if workload.arrivals.process == "bursty" else 1.0
+    return sample_mix(requests.prompt_tokens, requests.output_tokens,
+                      workload.slo.ttft_ms / 1000, workload.slo.tpot_ms / 1000, cv)
+
+
+def pool_capacities(config: FleetConfig, mix: Mix, seed: int) -> dict[str, Capacity]:
+    out = {}
+    for pool in config.pools:
+        source = pool.endpoints[0].split("#", 1)[0]
+        out[pool.name] = replica_capacity(emulator_config(pool, source), mix, seed,
+                                          speed=source_speed(source))
+    return out
+
+
+def simulate(config: FleetConfig, workload: Workload, policies: list[str] | None = None,
+             duration_s: float | None = None, seed: int = 1,
+             progress: Callable[[str], None] | None = None) -> Report:
+    """Every policy over the same requests (``progress`` is told each step's name)."""
+    names = policies or list(config.policies)
+    unknown = [p for p in names if p not in config.policies]
+    if unknown:
+        raise ValueError(f"policies not in the fleet config: {', '.join(unknown)} "
+                         f"(it has: {', '.join(config.policies)})")
+    requests, duration = workload_requests(workload, seed, duration_s)
+    if progress:
+        progress("capacity")
+    capacities = pool_capacities(config, workload_mix(workload, requests), seed)
+    concurrency = {name: c.concurrency for name, c in capacities.items()}
+    runs = []
+    ttft, tpot = workload.slo.ttft_ms / 1000, workload.slo.tpot_ms / 1000
+    for name in names:
+        if progress:
+            progress(name)
+        fleet = build_fleet(config)
+        sim = Simulation(fleet, requests, name, seed, duration, workload.faults, concurrency)
+        out = sim.run()
+        runs.append(PolicyRun(name, fleet, out,
+                              summarize(out, sim.requests, fleet, duration, ttft, tpot)))
+    if progress:
+        progress("done")
+    judged = requests.until(duration)
+    tokens = int(judged.output_tokens.sum())
+    return Report(seed, duration, judged, runs, capacities,
+                  bound_json(config, capacities, tokens, duration))
+
+
+def bound_json(config: FleetConfig, capacities: dict[str, Capacity], tokens: int,
+               duration_s: float) -> dict[str, Any]:
+    pools = [PoolCapacity(p.name, p.autoscale.max_replicas if p.autoscale else len(p.endpoints),
+                          p.price_per_replica_hour / 3600.0, capacities[p.name].tokens_per_s)
+             for p in config.pools]
+    bound = lower_bound(pools, tokens, duration_s)
+    if bound is None:
+        return {"usd": None, "usd_per_mtok": None,
+                "note": "these pools cannot make the tokens within the SLO"}
+    return {"usd": sig(bound.usd), "usd_per_mtok": sig(bound.usd_per_mtok),
+            "output_tokens": tokens,
+            "busy_replica_hours": {k: sig(v / 3600) for k, v in bound.busy_replica_s.items()}}
