@@ -3,6 +3,8 @@ failover and breakers under injected faults, slow-downs, autoscaling and the low
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import orjson
 import pytest
@@ -12,7 +14,7 @@ from fleetgate.sim.fleet import build_fleet
 from fleetgate.sim.loop import Simulation
 from fleetgate.sim.outcomes import FAILED, OK
 from fleetgate.sim.run import dumps, pool_capacities, simulate, workload_mix
-from fleetgate.sim.workload import Fault
+from fleetgate.sim.workload import Fault, load_workload
 
 TWO_POOLS = fleet(pool("cheap", "emulated://sglang/mi300x", 2, price=1.5),
                   pool("dear", "emulated://vllm/h200", 2, price=4.0))
@@ -101,3 +103,18 @@ def test_autoscaling_follows_the_load_and_bills_what_existed() -> None:
     assert p["provisioned_usd"] == pytest.approx(
         sum(b - a for _, a, b in spans) * 3.0 / 3600, rel=1e-5)
     assert p["slo_attainment"] > 0.9
+
+
+def test_a_request_log_replays_through_simulate(tmp_path: Path) -> None:
+    lines = [{"ts": 100.0 + k * 0.5, "event": "request", "status": 200, "e2e_ms": 400,
+              "model": "llama-3.1-8b", "tenant": "t", "stream": True,
+              "input_tokens": 300 + k, "output_tokens": 50} for k in range(40)]
+    (tmp_path / "requests.jsonl").write_bytes(b"".join(orjson.dumps(x) + b"\n" for x in lines))
+    (tmp_path / "w.yaml").write_text("slo: {ttft_ms: 1500, tpot_ms: 80}\n"
+                                     "arrivals: {trace: requests.jsonl}\n")
+    report = simulate(TWO_POOLS, load_workload(tmp_path / "w.yaml"), ["round_robin"], None,
+                      seed=1).as_json()
+    p = report["policies"]["round_robin"]
+    assert report["requests"] == 40 and p["completed"] == 40
+    assert p["output_tokens"] == 40 * 50
+    assert report["duration_s"] == pytest.approx(19.5, abs=1e-3)  # the trace's span

@@ -34,7 +34,6 @@ from fleetgate.catalog.roofline import min_tensor_parallel
 from fleetgate.emulator.config import EmulatorConfig
 from fleetgate.sim.capacity import Capacity, Mix, replica_capacity
 
-DEFAULT_GPUS = ("mi300x", "mi355x", "h100", "h200")
 EngineName = Literal["vllm", "sglang"]
 StackName = Literal["stock", "tuned"]
 _ENGINES: tuple[EngineName, ...] = ("vllm", "sglang")

@@ -1,8 +1,8 @@
 """What one replica sustains within the SLO, on the workload's own request mix.
 
 ``replica_capacity`` drives one ``SimReplica`` (the emulator's engine model, no router)
-with the workload's lengths arriving by its process (Poisson, or gamma gaps with its ``cv``)
-at a rate ``λ``, and searches for the largest ``λ`` at which at least ``target`` of the
+with the workload's lengths arriving at a rate ``λ`` (Poisson unless the mix says otherwise:
+gamma gaps with its ``cv``), and searches for the largest ``λ`` at which at least ``target`` of the
 requests meet both SLO limits (the first ``WARMUP_SHARE`` of arrivals are not judged: the
 replica starts empty). Doubling, then bisection to ``REL_TOL``. The result feeds the lower
 bound (tokens/s per replica at the SLO), the planner (requests/s per replica) and the
@@ -137,7 +137,7 @@ def replica_capacity(engine: EmulatorConfig, mix: Mix, seed: int = 0, target: fl
 
 
 def sample_mix(prompts: npt.NDArray[np.int64], outputs: npt.NDArray[np.int64], ttft_s: float,
-               tpot_s: float, cv: float, size: int = 4000) -> Mix:
+               tpot_s: float, cv: float = 1.0, size: int = 4000) -> Mix:
     """A fixed-size, evenly strided sample of the workload's request shapes."""
     step = max(1, math.ceil(len(prompts) / size))
     return Mix(tuple(int(v) for v in prompts[::step]), tuple(int(v) for v in outputs[::step]),

@@ -5,6 +5,9 @@ Thin: parse options, call ``run.simulate`` / ``plan.plan``, print the rich table
 JSON (byte-identical for one seed), the PNG and the planned fleet file. Wall-clock time per
 step goes to stderr, never into the JSON. Exit 1 with a one-line reason on a bad file.
 
+The heavy imports (router, scipy, matplotlib) happen inside the commands, so registering them
+costs the ``fleetgate`` app nothing at start-up.
+
 May touch: typer, yaml, every module of ``sim``, config loading. Holds no logic of its own.
 """
 
@@ -15,12 +18,8 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-import yaml
 
-from fleetgate.config.loader import ConfigError, load_config
-from fleetgate.sim.candidates import DEFAULT_GPUS, load_prices
-from fleetgate.sim.fleet import FleetError
-from fleetgate.sim.workload import WorkloadError, load_workload
+from fleetgate.sim import DEFAULT_GPUS
 
 
 def _fail(message: str) -> typer.Exit:
@@ -52,10 +51,13 @@ def simulate(
     plot: Annotated[Optional[Path], typer.Option(help="write plots to this PNG")] = None,  # noqa: UP045
 ) -> None:
     """Replay a workload through the real router over simulated replicas in virtual time."""
+    from fleetgate.config.loader import ConfigError, load_config
     from fleetgate.routing import PolicyError
+    from fleetgate.sim.fleet import FleetError
     from fleetgate.sim.report import print_tables, simulate_tables
     from fleetgate.sim.run import dumps
     from fleetgate.sim.run import simulate as run_simulation
+    from fleetgate.sim.workload import WorkloadError, load_workload
 
     try:
         fleet, work = load_config(config), load_workload(workload)
@@ -84,9 +86,14 @@ def plan(
     out: Annotated[Optional[Path], typer.Option(help="write the planned fleet as a config file")] = None,  # noqa: E501, UP045
 ) -> None:
     """The cheapest fleet that meets the workload's SLO (integer program + simulation)."""
+    import yaml
+
+    from fleetgate.sim.candidates import load_prices
+    from fleetgate.sim.fleet import FleetError
     from fleetgate.sim.plan import plan as make_plan
     from fleetgate.sim.report import plan_tables, print_tables
     from fleetgate.sim.run import dumps
+    from fleetgate.sim.workload import WorkloadError, load_workload
 
     try:
         work, sheet = load_workload(workload), load_prices(prices)

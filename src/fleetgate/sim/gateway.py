@@ -67,7 +67,6 @@ class SimGateway:
         self._gpus = [ep.gpus_per_replica for ep in live.endpoints]
         self.flights: dict[int, Flight] = {}
         self.on_endpoint: list[set[int]] = [set() for _ in live.endpoints]
-        self._requests = [self._routing_request(r) for r in range(len(requests))]
 
     def _routing_request(self, r: int) -> RoutingRequest:
         req = self.req
@@ -82,7 +81,7 @@ class SimGateway:
 
     # -- arrivals and attempts -------------------------------------------------------------
     def arrive(self, r: int, now: float) -> None:
-        decision = self.router.route(self._requests[r], self.live.snapshot(now))
+        decision = self.router.route(self._routing_request(r), self.live.snapshot(now))
         if decision.over_capacity and int(self.req.priority[r]) == LOW:
             self._end(r, SHED, now)
             return

@@ -10,12 +10,19 @@
    The design rate is the arrival rate (Poisson, bursty), the diurnal peak
    ``rate·(1+amplitude)``, or a trace's busiest minute. Integrality is where mixing pays: the
    last few requests/s are bought on whatever row covers them cheapest.
-3. The plan is simulated with the ``cost`` policy on the real router (``run.simulate``);
-   while it misses the attainment target, one replica of the row that is cheapest per
-   request/s is added and the fleet simulated again (at most ``MAX_TOP_UPS`` times).
-4. Beside it: the best single-GPU-type fleet and the best NVIDIA-only fleet (same program,
-   fewer rows, same top-up), and per GPU type the break-even $/GPU-hour at which it would
-   enter (it is not in the plan) or leave (it is) the plan, by bisection on its price.
+3. The solution is simulated on the real router (``run.simulate``) with the ``cost`` policy
+   and, as a check of the fleet's size that does not lean on the cost router's predictions,
+   ``least_loaded``; while neither meets the attainment target, the program is solved again
+   for 10% more requests/s (at most ``MAX_ROUNDS`` rounds). A single replica's capacity is
+   measured alone; a fleet run near the sum of them loses some to imperfect routing, which
+   is what the rounds buy back. ``simulated`` reports the cost policy,
+   ``simulated_least_loaded`` the other.
+4. The same for the best single-GPU-type fleet (types in the order of their solved cost; a
+   type that cannot beat a confirmed fleet is not simulated) and the best NVIDIA-only one.
+   The plan is the cheaper confirmed fleet of the mixed and the single-type search, so it
+   never costs more than the best single type. Per GPU type the break-even $/GPU-hour at
+   which it would enter (it is not in the plan) or leave (it is) the plan, by bisection on
+   its price, at the plan's design rate.
 
 May touch: scipy, the simulator, the catalog. Must not touch: the gateway.
 """
@@ -37,7 +44,8 @@ from fleetgate.sim.run import simulate, workload_mix, workload_requests
 from fleetgate.sim.summary import sig
 from fleetgate.sim.workload import Workload
 
-MAX_TOP_UPS = 3
+HEADROOM_STEP = 0.1  # each confirmation round asks the program for 10% more capacity
+MAX_ROUNDS = 4
 PRICE_STEPS = 40  # bisection steps for a break-even price
 PRICE_CEILING = 100.0  # $/GPU-hour: above this a GPU type "never" leaves the plan
 
@@ -53,11 +61,6 @@ class Fleet:
     @property
     def rate_per_s(self) -> float:
         return sum(c.capacity.rate_per_s * n for c, n in self.counts)
-
-    def add(self, row: Candidate) -> Fleet:
-        counts = dict(self.counts)
-        counts[row] = counts.get(row, 0) + 1
-        return Fleet(tuple(sorted(counts.items(), key=lambda kv: kv[0].name)))
 
     def gpus(self) -> set[str]:
         return {c.gpu for c, n in self.counts if n > 0}
@@ -98,24 +101,63 @@ def fleet_config(fleet: Fleet, model: str, workload: Workload) -> dict[str, Any]
               "models": {model: model}} for row, n in fleet.counts]
     return {"pools": pools,
             "policies": {"cost": {"strategy": "cost", "slo": slo},
+                         "least_loaded": {"strategy": "least_loaded"},
                          "round_robin": {"strategy": "round_robin"}},
             "default_policy": "cost"}
 
 
-Simulated = Callable[[Fleet], dict[str, Any]]
+CONFIRMING = ("cost", "least_loaded")
+Simulated = Callable[[Fleet], dict[str, dict[str, Any]]]
 
 
-def confirm(fleet: Fleet, rows: list[Candidate], simulated: Simulated,
-            target: float) -> tuple[Fleet, dict[str, Any]]:
-    """Simulate; top up with the row cheapest per request/s while the SLO is missed."""
-    best = min(rows, key=lambda r: r.usd_per_hour / r.capacity.rate_per_s)
-    result = simulated(fleet)
-    for _ in range(MAX_TOP_UPS):
-        if (result.get("slo_attainment") or 0.0) >= target:
-            break
-        fleet = fleet.add(best)
+@dataclass(frozen=True)
+class Confirmed:
+    fleet: Fleet
+    headroom: float  # the design rate was multiplied by this
+    simulated: dict[str, dict[str, Any]]
+    meets: bool
+
+
+def meets(result: dict[str, dict[str, Any]], target: float) -> bool:
+    return max(r.get("slo_attainment") or 0.0 for r in result.values()) >= target
+
+
+def confirm(rows: list[Candidate], demand: float, simulated: Simulated,
+            target: float) -> Confirmed | None:
+    """Solve at the design rate and simulate; while the SLO is missed, solve again for
+    ``HEADROOM_STEP`` more (a fleet already simulated is not simulated again)."""
+    tried: set[tuple[tuple[Candidate, int], ...]] = set()
+    last: Confirmed | None = None
+    for k in range(MAX_ROUNDS):
+        headroom = 1.0 + HEADROOM_STEP * k
+        fleet = solve(rows, demand * headroom)
+        if fleet is None:
+            return last
+        if fleet.counts in tried:
+            continue
+        tried.add(fleet.counts)
         result = simulated(fleet)
-    return fleet, result
+        last = Confirmed(fleet, headroom, result, meets(result, target))
+        if last.meets:
+            break
+    return last
+
+
+def cheapest_confirmed(groups: list[list[Candidate]], demand: float, simulated: Simulated,
+                       target: float) -> Confirmed | None:
+    """The cheapest fleet drawn from one of ``groups`` that meets the target in simulation.
+    Groups are tried in the order of their solved cost; one that cannot beat the best
+    confirmed fleet even before headroom is not simulated."""
+    priced = [(f.usd_per_hour, g) for g in groups if g and (f := solve(g, demand)) is not None]
+    best: Confirmed | None = None
+    for cost, group in sorted(priced, key=lambda cg: cg[0]):
+        if best is not None and best.meets and cost >= best.fleet.usd_per_hour:
+            break
+        found = confirm(group, demand, simulated, target)
+        if found is not None and (best is None or (found.meets, -found.fleet.usd_per_hour)
+                                  > (best.meets, -best.fleet.usd_per_hour)):
+            best = found
+    return best
 
 
 def break_even(gpu: str, rows: list[Candidate], demand: float, in_plan: bool) -> float | None:
@@ -153,51 +195,56 @@ def plan(workload: Workload, sheet: PriceSheet, gpus: list[str], seed: int = 1,
     if not rows:
         raise ValueError(f"none of {gpus} can hold {model}")
 
-    def simulated(fleet: Fleet) -> dict[str, Any]:
-        config = FleetConfig.model_validate(fleet_config(fleet, model, workload))
-        report = simulate(config, workload, ["cost"], duration, seed)
-        return dict(report.as_json()["policies"]["cost"])
+    seen: dict[tuple[tuple[Candidate, int], ...], dict[str, dict[str, Any]]] = {}
 
-    def planned(subset: list[Candidate]) -> dict[str, Any] | None:
-        found = solve(subset, demand)
-        if found is None:
-            return None
-        fleet, result = confirm(found, subset, simulated, target)
-        return {"fleet": fleet, "solved": found, "simulated": result}
+    def simulated(fleet: Fleet) -> dict[str, dict[str, Any]]:
+        if fleet.counts not in seen:
+            config = FleetConfig.model_validate(fleet_config(fleet, model, workload))
+            report = simulate(config, workload, list(CONFIRMING), duration, seed)
+            seen[fleet.counts] = dict(report.as_json()["policies"])
+        return seen[fleet.counts]
 
-    best = planned(rows)
-    assert best is not None
-    singles = [p for g in gpus if (p := planned([r for r in rows if r.gpu == g])) is not None]
-    single = min(singles, key=lambda p: p["fleet"].usd_per_hour) if singles else None
-    nvidia = planned([r for r in rows if r.vendor == "nvidia"])
-    chosen = best["solved"].gpus()
+    singles = [[r for r in rows if r.gpu == g] for g in gpus]
+    nvidia = [r for r in rows if r.vendor == "nvidia"]
+    single = cheapest_confirmed(singles, demand, simulated, target)
+    mixed = confirm(rows, demand, simulated, target)
+    options = [c for c in (mixed, single) if c is not None]
+    chosen = max(options, key=lambda c: (c.meets, -c.fleet.usd_per_hour))
+    in_plan = chosen.fleet.gpus()
+    design = demand * chosen.headroom
     return {
-        "model": model, "demand_rps": sig(demand), "target_attainment": target,
-        **_fleet_json(best), "fleet_config": fleet_config(best["fleet"], model, workload),
+        "model": model, "demand_rps": sig(demand), "design_rps": sig(design),
+        "target_attainment": target, **_fleet_json(chosen),
+        "fleet_config": fleet_config(chosen.fleet, model, workload),
         "baselines": {"best_single_type": _fleet_json(single),
-                      "nvidia_only": _fleet_json(nvidia)},
-        "break_even": {g: sig(v) if (v := break_even(g, rows, demand, g in chosen)) is not None
+                      "nvidia_only": _fleet_json(cheapest_confirmed([nvidia], demand,
+                                                                     simulated, target))},
+        "break_even": {g: sig(v) if (v := break_even(g, rows, design, g in in_plan)) is not None
                        else None for g in gpus},
         "candidates": [_row_json(r) for r in rows],
     }
 
 
-def _fleet_json(planned: dict[str, Any] | None) -> dict[str, Any]:
-    if planned is None:
+def _fleet_json(found: Confirmed | None) -> dict[str, Any]:
+    if found is None:
         return {"fleet": [], "usd_per_hour": None, "simulated": None}
-    fleet: Fleet = planned["fleet"]
-    sim = planned["simulated"]
+    fleet, sims = found.fleet, found.simulated
     return {
         "fleet": [{"accelerator": r.gpu, "engine": r.engine, "stack": r.stack,
                    "gpus_per_replica": r.tp, "replicas": n,
                    "price_per_gpu_hour": r.price_per_gpu_hour} for r, n in fleet.counts],
         "usd_per_hour": sig(fleet.usd_per_hour),
-        "solved_usd_per_hour": sig(planned["solved"].usd_per_hour),
+        "headroom": sig(found.headroom),
         "capacity_rps": sig(fleet.rate_per_s),
-        "simulated": {k: sim.get(k) for k in ("slo_attainment", "usd_per_mtok",
-                                             "provisioned_usd_per_mtok", "usd",
-                                             "provisioned_usd", "ttft_ms", "tpot_ms")},
+        "meets_target": found.meets,
+        **{"simulated" + ("" if name == "cost" else f"_{name}"): _sim_json(sims[name])
+           for name in CONFIRMING},
     }
+
+
+def _sim_json(sim: dict[str, Any]) -> dict[str, Any]:
+    return {k: sim.get(k) for k in ("slo_attainment", "usd_per_mtok", "provisioned_usd_per_mtok",
+                                    "usd", "provisioned_usd", "ttft_ms", "tpot_ms")}
 
 
 def _row_json(r: Candidate) -> dict[str, Any]:

@@ -59,17 +59,21 @@ def _shares(report: dict[str, Any]) -> Table:
 
 def plan_tables(result: dict[str, Any]) -> list[Table]:
     fleets = Table(title=f"fleetgate plan: {result['model']} at {result['demand_rps']} req/s")
-    for col in ("fleet", "replicas", "$/hour", "SLO met (sim)", "$/Mtok (sim)"):
+    for col in ("fleet", "replicas", "$/hour", "SLO met: cost", "least_loaded",
+                "$/Mtok: cost", "least_loaded "):
         fleets.add_column(col, justify="left" if col in ("fleet", "replicas") else "right")
     rows = [("plan", result), *list(result["baselines"].items())]
     for name, f in rows:
         sim = f.get("simulated") or {}
+        other = f.get("simulated_least_loaded") or {}
         replicas = ", ".join(f"{r['replicas']} x {r['accelerator']}/{r['engine']}"
                              + (f" tp{r['gpus_per_replica']}" if r["gpus_per_replica"] > 1 else "")
                              for r in f["fleet"])
         fleets.add_row(name, replicas or "-", _num(f.get("usd_per_hour")),
                        _num(sim.get("slo_attainment"), "{:.2%}"),
-                       _num(sim.get("usd_per_mtok"), "{:,.3f}"))
+                       _num(other.get("slo_attainment"), "{:.2%}"),
+                       _num(sim.get("usd_per_mtok"), "{:,.3f}"),
+                       _num(other.get("usd_per_mtok"), "{:,.3f}"))
     even = Table(title="break-even $/GPU-hour (enters the plan below it / leaves above it)")
     even.add_column("GPU")
     even.add_column("break-even", justify="right")

@@ -1,0 +1,67 @@
+"""``simulate`` and ``plan`` as commands (registered here on a local typer app, as the
+``fleetgate`` app registers them): files in, tables out, JSON and fleet files written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import typer
+import yaml
+from typer.testing import CliRunner
+
+from fleetgate.config.loader import load_config
+from fleetgate.sim.cli import plan, simulate
+
+EXAMPLES = Path(__file__).parents[2] / "examples"
+app = typer.Typer()
+app.command()(simulate)
+app.command()(plan)
+
+
+def test_simulate_writes_json_and_a_plot(tmp_path: Path) -> None:
+    out, png = tmp_path / "sim.json", tmp_path / "sim.png"
+    args = ["simulate", "--config", str(EXAMPLES / "mixed-fleet.yaml"), "--workload",
+            str(EXAMPLES / "chat-workload.yaml"), "--policies", "cost,round_robin",
+            "--duration", "15", "--seed", "3", "--json", str(out), "--plot", str(png)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    report = orjson.loads(out.read_bytes())
+    assert report["seed"] == 3 and set(report["policies"]) == {"cost", "round_robin"}
+    assert "round_robin" in result.output and "lower bound" in result.output
+    assert png.read_bytes().startswith(b"\x89PNG")
+
+
+def test_simulate_says_what_is_wrong_with_a_file(tmp_path: Path) -> None:
+    bad = tmp_path / "w.yaml"
+    bad.write_text("slo: {ttft_ms: 1}\narrivals: {process: poisson, rate_per_s: 1}\n")
+    result = CliRunner().invoke(app, ["simulate", "--config", str(EXAMPLES / "mixed-fleet.yaml"),
+                                      "--workload", str(bad)])
+    assert result.exit_code == 1
+    assert "slo.tpot_ms" in result.output
+    result = CliRunner().invoke(app, ["simulate", "--config", str(EXAMPLES / "mixed-fleet.yaml"),
+                                      "--workload", str(EXAMPLES / "chat-workload.yaml"),
+                                      "--policies", "nope"])
+    assert result.exit_code == 1 and "nope" in result.output
+
+
+def test_plan_writes_a_fleet_the_gateway_loads(tmp_path: Path) -> None:
+    work = tmp_path / "w.yaml"
+    work.write_text(yaml.safe_dump({
+        "duration_s": 40, "slo": {"ttft_ms": 1500, "tpot_ms": 80},
+        "arrivals": {"process": "poisson", "rate_per_s": 6},
+        "requests": {"model": "llama-3.1-8b", "input_tokens": {"dist": "fixed", "value": 400},
+                     "output_tokens": {"dist": "fixed", "value": 100}}}))
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("prices: {h100: 2.2}\nengines: [vllm]\n")
+    out, fleet = tmp_path / "plan.json", tmp_path / "fleet.yaml"
+    result = CliRunner().invoke(app, ["plan", "--workload", str(work), "--prices", str(prices),
+                                      "--gpus", "h100,mi300x", "--json", str(out),
+                                      "--out", str(fleet)])
+    assert result.exit_code == 0, result.output
+    planned = orjson.loads(out.read_bytes())
+    assert planned["meets_target"] and planned["fleet"]
+    config = load_config(fleet)  # what `fleetgate serve` and `fleetgate check` read
+    assert {p.accelerator for p in config.pools} <= {"h100", "mi300x"}
+    assert any(p.price_per_gpu_hour == 2.2 for p in config.pools if p.accelerator == "h100") \
+        or all(p.accelerator == "mi300x" for p in config.pools)
