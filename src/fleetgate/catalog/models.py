@@ -1,14 +1,18 @@
 """Model profiles: what the performance model needs to know about a served model.
 
 One row per model shape (parameters, precision, layers, KV heads, context). A served name
-maps to a profile by ``profile_for_served_name`` ("70b" in it -> the 70B FP8 profile, else
-8B) until the engine reports the real shape.
+maps to a profile by ``known_profile`` ("70b" in it -> the 70B FP8 profile, "8b" -> 8B, a
+profile's own name -> that profile); the router's prior for a name it does not know is
+``UNKNOWN_MODEL_PROFILE`` (conservative: see there), and the engine's own report replaces
+the capacity part once it is read. ``profile_for_served_name`` (the emulator's and the
+planner's choice for a name: the known profile, else 8B) is what an emulated engine runs.
 
 May touch: nothing but the standard library (pure data). Must not touch: I/O.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -75,7 +79,34 @@ DEFAULT_SMALL_PROFILE = "llama-3.1-8b"
 DEFAULT_LARGE_PROFILE = "llama-3.1-70b-fp8"
 
 
+# A served name the catalog does not know: the per-token costs of the largest catalog model
+# (its weights, FLOPs and KV bytes per token; with a bf16 KV cache, the larger of the two
+# precisions), so the router under- rather than over-promises until it has learned the
+# endpoint. Its context is not guessed (``max_model_len`` 0 = unknown): the engine reports
+# its own at the first contact, and a guessed short context would turn requests the engine
+# accepts into 400s.
+_LARGEST = max(MODEL_PROFILES.values(), key=lambda p: (p.weight_bytes, p.kv_bytes_per_token))
+UNKNOWN_MODEL_PROFILE = ModelProfile(
+    name="unknown-conservative", params=_LARGEST.params, active_params=_LARGEST.active_params,
+    bytes_per_weight=_LARGEST.bytes_per_weight, layers=_LARGEST.layers,
+    kv_heads=_LARGEST.kv_heads, head_dim=_LARGEST.head_dim, d_model=_LARGEST.d_model,
+    kv_bytes_per_elem=max(p.kv_bytes_per_elem for p in MODEL_PROFILES.values()),
+    max_model_len=0)
+
+
+def known_profile(name: str) -> ModelProfile | None:
+    """The catalog profile a served model name names, or None when the catalog cannot tell:
+    a profile's own name, else "70b" in it -> 70B FP8, "8b" -> 8B."""
+    lowered = name.lower()
+    if lowered in MODEL_PROFILES:
+        return MODEL_PROFILES[lowered]
+    if re.search(r"(?<![\d.])70b", lowered):
+        return MODEL_PROFILES[DEFAULT_LARGE_PROFILE]
+    if re.search(r"(?<![\d.])8b", lowered):
+        return MODEL_PROFILES[DEFAULT_SMALL_PROFILE]
+    return None
+
+
 def profile_for_served_name(name: str) -> ModelProfile:
-    """The default profile for a served model name: "70b" in it -> 70B FP8, else 8B."""
-    key = DEFAULT_LARGE_PROFILE if "70b" in name.lower() else DEFAULT_SMALL_PROFILE
-    return MODEL_PROFILES[key]
+    """What an emulated engine serving ``name`` runs: the known profile, else 8B."""
+    return known_profile(name) or MODEL_PROFILES[DEFAULT_SMALL_PROFILE]

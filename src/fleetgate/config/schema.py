@@ -14,7 +14,7 @@ May touch: pydantic, the catalog. Must not import any other fleetgate package.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from urllib.parse import parse_qs, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -157,6 +157,10 @@ class FilterRef(_Strict):
     params: dict[str, Any] = Field(default_factory=dict)
 
 
+FIRST_BYTE_SLO_FACTOR = 3.0
+FIRST_BYTE_FLOOR_S = 2.0
+
+
 class PolicyConfig(_Strict):
     strategy: str = Field(description="a routing strategy (routing/strategies.py)")
     slo: SloConfig = Field(default_factory=SloConfig)
@@ -165,6 +169,17 @@ class PolicyConfig(_Strict):
     scorers: list[ScorerRef] = Field(default_factory=list)
     picker: str | None = None
     max_attempts: int = Field(default=3, ge=1, le=10)
+    # no first byte within this long: the engine is taken for hung, the request is retried
+    # elsewhere and the failure counts against its breaker (default: 3x the TTFT SLO)
+    first_byte_timeout_ms: float | None = Field(default=None, gt=0)
+
+    @property
+    def first_byte_timeout_s(self) -> float | None:
+        if self.first_byte_timeout_ms is not None:
+            return self.first_byte_timeout_ms / 1000
+        if self.slo.ttft_ms is not None:
+            return max(FIRST_BYTE_FLOOR_S, FIRST_BYTE_SLO_FACTOR * self.slo.ttft_ms / 1000)
+        return None
 
 
 class RouteMatch(_Strict):
@@ -194,6 +209,10 @@ class ApiKeyConfig(_Strict):
     models: list[str] | None = None
     policies: list[str] | None = None
     limits: KeyLimits = Field(default_factory=KeyLimits)
+    # the key's class when the fleet is full (x-priority may only lower it) and its
+    # tenant's share of the waiting line (weighted fair queuing)
+    priority: Literal["high", "normal", "low"] = "normal"
+    weight: float = Field(default=1.0, gt=0)
 
     @model_validator(mode="after")
     def _one_key(self) -> ApiKeyConfig:

@@ -37,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tp", type=int, default=None, help="tensor-parallel degree")
     p.add_argument("--max-queued-requests", type=int, default=None)
     p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=None,
+                   help="batch cap (SGLang: --max-running-requests)")
     p.add_argument(
         "--exit-on-stdin-eof",
         action="store_true",
@@ -58,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
             tp=args.tp,
             max_queued_requests=args.max_queued_requests,
             max_model_len=args.max_model_len,
+            max_num_seqs=args.max_num_seqs,
         )
     except ValidationError as exc:
         print(f"invalid emulator settings:\n{exc}", file=sys.stderr)

@@ -46,6 +46,9 @@ class EmulatorConfig(BaseModel):
     # /v1/embeddings answers with vectors; False: a generative server (vLLM 404, SGLang 400)
     embeddings: bool = True
     embedding_dim: int | None = Field(default=None, ge=1)  # None: the profile's d_model
+    # usage.prompt_tokens_details = {"cached_tokens": N} on chat/completions answers, as vLLM's
+    # --enable-prompt-tokens-details and SGLang's --enable-cache-report (off: null, the default)
+    prompt_tokens_details: bool = False
 
     @field_validator("gpu")
     @classmethod

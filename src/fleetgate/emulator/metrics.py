@@ -6,9 +6,10 @@ metrics_sglang.py (SGLang 0.5.23, §2.1-2.2). Each emulator owns a private
 requests finish, gauges are set from an ``EngineGauges`` snapshot at scrape time.
 
 Deviations from the real engines: only the families a gateway or dashboard reads are
-emitted (no prefix-cache detail, LoRA, speculative decoding, PD or HTTP-instrumentator
-families); SGLang's metrics are always on (the real server needs ``--enable-metrics``) and its
-gauges are fresh at every scrape (the real ones lag up to ~40 decode steps).
+emitted (prefix caching: vLLM's query/hit counters and SGLang's hit rate only; no LoRA,
+speculative decoding, PD or HTTP-instrumentator families); SGLang's metrics are always on
+(the real server needs ``--enable-metrics``) and its gauges are fresh at every scrape (the
+real ones lag up to ~40 decode steps).
 
 May touch: prometheus_client. Must not touch: the engine, asyncio, HTTP.
 """
@@ -33,6 +34,8 @@ class EngineGauges:
     kv_capacity_tokens: int
     gen_throughput: float
     preemptions_total: int
+    prefix_queries_total: int = 0  # prompt tokens looked up in the prefix cache (cumulative)
+    prefix_hits_total: int = 0  # of which were cached
 
 
 @dataclass(frozen=True)

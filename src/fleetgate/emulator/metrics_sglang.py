@@ -90,6 +90,7 @@ class SglangMetrics:
         self._m["sglang:fwd_occupancy"].set(math.nan)
         self._m["sglang:context_len"].set(context_len)
         self._retracted_seen = 0
+        self._prefix_seen = (0, 0)  # (queries, hits) at the last scrape
 
     def _streaming(self, name: str, streaming: bool) -> Any:
         return self._fams[name].labels(**self._tok, is_streaming=str(streaming).lower())
@@ -119,6 +120,14 @@ class SglangMetrics:
     def on_step(self, tokens: int) -> None:
         return None
 
+    def _cache_hit_rate(self, queries: int, hits: int) -> None:
+        """SGLang sets it per prefill batch (hit tokens over the batch's prompt tokens); here
+        over the prefills since the last scrape, unchanged when there were none."""
+        new = queries - self._prefix_seen[0]
+        if new > 0:
+            self._m["sglang:cache_hit_rate"].set((hits - self._prefix_seen[1]) / new)
+        self._prefix_seen = (queries, hits)
+
     def render(self, accept: str, gauges: EngineGauges) -> tuple[bytes, str]:
         m = self._m
         m["sglang:num_running_reqs"].set(gauges.running)
@@ -130,5 +139,6 @@ class SglangMetrics:
         m["sglang:max_total_num_tokens"].set(gauges.kv_capacity_tokens)
         m["sglang:num_retracted_requests"].inc(gauges.preemptions_total - self._retracted_seen)
         self._retracted_seen = gauges.preemptions_total
+        self._cache_hit_rate(gauges.prefix_queries_total, gauges.prefix_hits_total)
         encoder, content_type = choose_encoder(accept)
         return _CREATED_LINE.sub(b"", encoder(self.registry)), content_type

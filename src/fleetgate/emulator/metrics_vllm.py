@@ -12,7 +12,13 @@ May touch: prometheus_client. Must not touch: the engine, asyncio, HTTP.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
+from prometheus_client import (
+    CollectorRegistry,
+    Gauge,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+)
 from prometheus_client.exposition import choose_encoder
 
 from fleetgate.emulator.metrics import (
@@ -93,14 +99,53 @@ def vllm_families(max_model_len: int) -> tuple[Family, ...]:
     )
 
 
+BLOCK_SIZE = 16  # vLLM's CacheConfig.DEFAULT_BLOCK_SIZE
+
+
+def cache_config_info(kv_tokens: int, gpu_memory_utilization: float,
+                      max_model_len: int) -> dict[str, str]:
+    """The labels of ``vllm:cache_config_info``: ``CacheConfig.metrics_info()`` (every field
+    of vLLM 0.33's cache config as ``str(value)``, private ones included) plus ``engine``,
+    as ``log_engine_initialized`` sets them once the KV cache is sized (the label set of
+    tests/data/vllm_metrics.txt; prometheus_client writes them sorted)."""
+    blocks = kv_tokens // BLOCK_SIZE
+    fields: dict[str, object] = {
+        "_block_size_resolved": True, "block_size": BLOCK_SIZE, "cache_dtype": "auto",
+        "cache_hit_alignment_tokens": BLOCK_SIZE, "effective_attention_block_size": BLOCK_SIZE,
+        "enable_mamba_shared_prefix_checkpoint": False, "enable_prefix_caching": True,
+        "engine": 0, "gpu_memory_utilization": gpu_memory_utilization,
+        "hash_block_size": BLOCK_SIZE, "is_attention_free": False,
+        "kv_cache_dtype_skip_layers": [], "kv_cache_layout": None,
+        "kv_cache_max_concurrency": blocks * BLOCK_SIZE / max_model_len,
+        "kv_cache_memory_bytes": None, "kv_cache_size_tokens": blocks * BLOCK_SIZE,
+        "kv_offloading_backend": "native", "kv_offloading_size": None,
+        "kv_sharing_fast_prefill": False, "mamba_block_size": None, "mamba_cache_dtype": "auto",
+        "mamba_cache_mode": "none", "mamba_page_size_padded": None,
+        "mamba_ssm_cache_dtype": "auto", "num_cpu_blocks": 0, "num_gpu_blocks": blocks,
+        "num_gpu_blocks_override": None, "prefix_cache_retention_interval": 0,
+        "prefix_caching_hash_algo": "sha256", "prefix_match_unit": None,
+        "replayssm_buffer_len": 16, "simple_cpu_offload_num_blocks": None,
+        "skip_page_size_padded": None, "sliding_window": None, "swa_bounded_replay": True,
+        "use_kda_recoverssm": False, "use_replayssm": False, "user_specified_block_size": False,
+    }
+    return {k: str(v) for k, v in fields.items()}
+
+
 # fmt: on
 class VllmMetrics:
-    """vLLM 0.33 ``PrometheusStatLogger`` families for one engine (DP rank 0)."""
+    """vLLM 0.33 ``PrometheusStatLogger`` families for one engine (DP rank 0); with
+    ``cache_config`` (``cache_config_info``), the ``vllm:cache_config_info`` info gauge that
+    ``log_engine_initialized`` sets once the KV cache is sized."""
 
-    def __init__(self, model_name: str, max_model_len: int) -> None:
+    def __init__(self, model_name: str, max_model_len: int,
+                 cache_config: dict[str, str] | None = None) -> None:
         self.registry = CollectorRegistry()
         for collector in (ProcessCollector, PlatformCollector, GCCollector):
             collector(registry=self.registry)
+        if cache_config is not None:
+            Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+                  labelnames=list(cache_config), registry=self.registry,
+                  ).labels(**cache_config).set(1)
         specs = vllm_families(max_model_len)
         fams = register(self.registry, specs, ("model_name", "engine"))
         lab = {"model_name": model_name, "engine": "0"}
@@ -116,11 +161,11 @@ class VllmMetrics:
             model_name=model_name, reason="max_num_queued_reqs"
         )
         self._preemptions_seen = 0
+        self._prefix_seen = (0, 0)  # (queries, hits) already counted
 
     def on_first_token(self, ttft_s: float, prompt_tokens: int, streaming: bool) -> None:
         self._m["vllm:time_to_first_token_seconds"].observe(ttft_s)
         self._m["vllm:prompt_tokens"].inc(prompt_tokens)
-        self._m["vllm:prefix_cache_queries"].inc(prompt_tokens)
 
     def on_token(self, itl_s: float | None) -> None:
         self._m["vllm:generation_tokens"].inc()
@@ -152,5 +197,9 @@ class VllmMetrics:
         m["vllm:kv_cache_usage_perc"].set(gauges.kv_usage)
         m["vllm:num_preemptions"].inc(gauges.preemptions_total - self._preemptions_seen)
         self._preemptions_seen = gauges.preemptions_total
+        queries, hits = gauges.prefix_queries_total, gauges.prefix_hits_total
+        m["vllm:prefix_cache_queries"].inc(queries - self._prefix_seen[0])
+        m["vllm:prefix_cache_hits"].inc(hits - self._prefix_seen[1])
+        self._prefix_seen = (queries, hits)
         encoder, content_type = choose_encoder(accept)
         return encoder(self.registry), content_type

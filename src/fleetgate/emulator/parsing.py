@@ -21,6 +21,9 @@ A request whose output is constrained (tool calls, ``response_format``; plan.py)
 ``OutputPlan``: the planned text's tokens (``script``) then EOS replace the filler, so the
 natural length is the plan's, and ``max_tokens`` below it cuts the text ("length").
 
+Prefix-cache keys: the chained hashes of the prompt text's 64-character blocks (each role and
+message text for chat; the first prompt string for completions), prefixcache.py.
+
 Not modelled (accepted and ignored, as vLLM accepts extra fields): ``n`` > 1, ``stop``,
 sampling parameters, batched completion prompts (the first prompt is used).
 
@@ -37,6 +40,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
+
+from fleetgate.emulator.prefixcache import chat_text, text_block_hashes
 
 if TYPE_CHECKING:
     from fleetgate.emulator.plan import OutputPlan
@@ -68,6 +73,7 @@ class ParsedRequest:
     continuous_usage: bool
     plan: OutputPlan | None = None  # constrained output (tool call / JSON), plan.py
     pooling: bool = False  # an embedding request: prefill, one step, no text
+    block_hashes: tuple[int, ...] = ()  # the prompt's prefix-cache blocks (prefixcache.py)
 
     def token_text(self, index: int, eos: bool) -> str | None:
         """The planned text of output token ``index`` (None: use the filler)."""
@@ -150,10 +156,13 @@ def parse_request(
         if not isinstance(messages, list) or not messages:
             raise EngineError(400, "Field required: messages (a non-empty list)", bad)
         prompt = chat_prompt_tokens(messages, body.get("tools"))
+        hashes = text_block_hashes(chat_text(messages))
     else:
         if "prompt" not in body:
             raise EngineError(400, "Field required: prompt", bad)
         prompt = completion_prompt_tokens(body["prompt"])
+        text = body["prompt"][0] if isinstance(body["prompt"], list) else body["prompt"]
+        hashes = text_block_hashes(text) if isinstance(text, str) else ()
     stream = bool(body.get("stream", False))
     options = body.get("stream_options")
     if limits.engine == "vllm" and options is not None and not stream:
@@ -185,6 +194,7 @@ def parse_request(
         include_usage=include_usage,
         continuous_usage=continuous,
         plan=plan,
+        block_hashes=hashes,
     )
 
 

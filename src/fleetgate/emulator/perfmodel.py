@@ -24,11 +24,16 @@ Scheduling follows vLLM v1 (SGLang is close enough at this level):
 
 Step durations come from ``catalog.roofline.step_seconds`` (gpus.md §4.1 roofline).
 
+Prefix caching (prefixcache.py): a request may bring its prompt's chained block hashes; at
+admission the cached leading blocks skip prefill (they count as KV already in the cache).
+Without hashes a request is never a hit, and everything is as without a cache.
+
 Decode runs (for the fleet simulator): while the batch only decodes and nothing can join it,
 the coming steps differ only by the KV tokens they read, so ``plan_decode_run`` describes
 them as one ``DecodeRun`` (each step's duration, in closed form) and ``run_decode`` applies
 any prefix of it at once: the same tokens, counters and step times as stepping one by one,
-without a Python loop over the batch per step. The live emulator keeps stepping.
+without a Python loop over the batch per step (``DecodeRun``, decoderun.py). The live
+emulator keeps stepping.
 
 May touch: fleetgate.catalog. Must not touch: asyncio, clocks, I/O, HTTP.
 """
@@ -36,14 +41,14 @@ May touch: fleetgate.catalog. Must not touch: asyncio, clocks, I/O, HTTP.
 from __future__ import annotations
 
 import heapq
-import math
-from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, field
 
 from fleetgate.catalog.gpus import GpuSpec
 from fleetgate.catalog.models import ModelProfile
 from fleetgate.catalog.roofline import StepLoad, kv_capacity_tokens, step_seconds
+from fleetgate.emulator.decoderun import DecodeRun
+from fleetgate.emulator.prefixcache import PrefixCache
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,7 @@ class TokenEvent:
     request_id: str
     index: int
     finished: bool
+    cached_tokens: int = 0  # on a request's first token: prompt tokens it found cached
 
 
 @dataclass(frozen=True)
@@ -82,43 +88,8 @@ class SimCounters:
     finished_total: int
     aborted_total: int
     steps_total: int
-
-
-@dataclass(frozen=True, slots=True)
-class DecodeRun:
-    """``steps`` decode steps of one unchanged batch of ``batch`` sequences (see
-    ``EngineSim.plan_decode_run``). Step j (from 0) reads ``batch`` more KV tokens than step
-    j-1, so its duration is ``first_s + slope_s·j`` while the step stays on one side of the
-    roofline; when the run crosses it, ``ends`` holds the exact cumulative end times."""
-
-    batch: int
-    steps: int
-    first_s: float
-    slope_s: float
-    ends: tuple[float, ...] = ()
-
-    def elapsed(self, m: int) -> float:
-        """Seconds from the start of the run until its first ``m`` steps have completed."""
-        if m <= 0:
-            return 0.0
-        if self.ends:
-            return self.ends[m - 1]
-        return m * self.first_s + self.slope_s * (m * (m - 1) / 2)
-
-    def steps_done(self, seconds: float) -> int:
-        """How many whole steps have completed ``seconds`` into the run (0..steps)."""
-        if seconds <= 0:
-            return 0
-        if self.ends:
-            return bisect_right(self.ends, seconds)
-        a, b = self.slope_s / 2, self.first_s - self.slope_s / 2
-        m = int(seconds / b) if a <= 0 else int((math.sqrt(b * b + 4 * a * seconds) - b) / (2 * a))
-        m = min(max(m, 0), self.steps)
-        while m < self.steps and self.elapsed(m + 1) <= seconds:
-            m += 1
-        while m > 0 and self.elapsed(m) > seconds:
-            m -= 1
-        return m
+    prefix_queries_total: int = 0  # prompt tokens looked up in the prefix cache
+    prefix_hits_total: int = 0  # of which found cached
 
 
 @dataclass(eq=False, slots=True)
@@ -135,6 +106,8 @@ class _Seq:
     state: str = "waiting"  # waiting | running | done
     epoch0: int = -1  # decode epoch its counts refer to; -1 while not decoding
     ticket: int = 0  # tells its current finish-heap entry from stale ones
+    hashes: tuple[int, ...] = ()  # prefix-cache block hashes of the prompt
+    cached: int = -1  # prompt tokens found cached at first admission (-1: not admitted yet)
 
     @property
     def remaining(self) -> int:
@@ -187,13 +160,16 @@ class EngineSim:
         self._tickets = 0
         self._plan: _Plan | None = None
         self._linear: dict[int, tuple[float, float] | None] = {}  # batch -> decode step fit
+        self.prefix_cache = PrefixCache()
         self._prompt_total = self._gen_total = self._preempted = 0
         self._finished = self._aborted = self._steps = 0
         self.last_step_tokens = 0
 
     # -- requests ------------------------------------------------------------------------
-    def add(self, request_id: str, prompt_tokens: int, max_tokens: int) -> None:
-        """Queue a request that will produce exactly ``max_tokens`` tokens."""
+    def add(self, request_id: str, prompt_tokens: int, max_tokens: int,
+            block_hashes: tuple[int, ...] = ()) -> None:
+        """Queue a request that will produce exactly ``max_tokens`` tokens (``block_hashes``:
+        its prompt's prefix-cache blocks, prefixcache.py)."""
         if request_id in self._seqs:
             raise ValueError(f"request {request_id!r} is already in the engine")
         if prompt_tokens < 1 or max_tokens < 1:
@@ -203,7 +179,7 @@ class EngineSim:
                 f"{prompt_tokens}+{max_tokens} tokens exceed the KV capacity "
                 f"({self.kv_capacity_tokens} tokens)"
             )
-        seq = _Seq(request_id, prompt_tokens, max_tokens)
+        seq = _Seq(request_id, prompt_tokens, max_tokens, hashes=block_hashes)
         self._seqs[request_id] = seq
         self._waiting.append(seq)
         self._num_waiting += 1
@@ -320,6 +296,8 @@ class EngineSim:
             self._finished,
             self._aborted,
             self._steps,
+            self.prefix_cache.queries,
+            self.prefix_cache.hits,
         )
 
     # -- internals -----------------------------------------------------------------------
@@ -379,7 +357,15 @@ class EngineSim:
 
     def _start(self, seq: _Seq) -> None:
         seq.state = "running"
-        seq.prefill_left = seq.kv = seq.prompt_tokens + seq.generated
+        seq.kv = seq.prompt_tokens + seq.generated
+        cache = self.prefix_cache
+        hit = min(cache.lookup(seq.hashes) * cache.block_tokens, seq.kv - 1)
+        if seq.cached < 0:
+            seq.cached = hit
+            cache.count(seq.prompt_tokens, hit)
+        cache.hold(seq.hashes)
+        cache.trim((self.kv_capacity_tokens - self.kv_used_tokens - seq.kv) // cache.block_tokens)
+        seq.prefill_left = seq.kv - hit
         self._kv_pre += seq.kv
         self._rem_pre += seq.remaining
         self._running[seq.request_id] = seq
@@ -393,9 +379,10 @@ class EngineSim:
         index = seq.generated
         seq.generated += 1
         self._gen_total += 1
+        cached = seq.cached if index == 0 else 0
         if seq.generated >= seq.max_tokens:
             self._done(seq)
-            return TokenEvent(seq.request_id, index, True)
+            return TokenEvent(seq.request_id, index, True, cached)
         seq.epoch0 = self._epoch
         self._tickets += 1
         seq.ticket = self._tickets
@@ -403,7 +390,7 @@ class EngineSim:
         self._kv_dec += seq.kv - seq.epoch0
         self._rem_dec += seq.remaining + seq.epoch0
         heapq.heappush(self._finishes, (seq.epoch0 + seq.remaining, seq.ticket, seq))
-        return TokenEvent(seq.request_id, index, False)
+        return TokenEvent(seq.request_id, index, False, cached)
 
     def _advance_decodes(self, steps: int, finished: list[TokenEvent] | None) -> None:
         """``steps`` decode steps for every decoding request; releases those that finish
@@ -444,10 +431,12 @@ class EngineSim:
             self._kv_pre -= seq.kv
             self._rem_pre -= seq.remaining
         del self._running[seq.request_id]
+        self.prefix_cache.release(seq.hashes)
         seq.kv = 0
 
     def _done(self, seq: _Seq) -> None:
-        self._running.pop(seq.request_id, None)
+        if self._running.pop(seq.request_id, None) is not None:
+            self.prefix_cache.release(seq.hashes)
         seq.kv, seq.state = 0, "done"
         del self._seqs[seq.request_id]
         self._finished += 1

@@ -52,6 +52,7 @@ class RequestHandle:
 
     __slots__ = (
         "arrival",
+        "cached",
         "done",
         "first_at",
         "generated",
@@ -68,6 +69,7 @@ class RequestHandle:
         self.first_at: float | None = None
         self.last_at = arrival
         self.generated = 0
+        self.cached = 0  # prompt tokens the engine found in its prefix cache
         self.done = False
 
 
@@ -104,7 +106,7 @@ class EngineRuntime:
     # -- requests ------------------------------------------------------------------------
     def submit(self, req: ParsedRequest, record: bool = True) -> RequestHandle:
         handle = RequestHandle(f"k{next(self._keys)}", req, self._clock(), record)
-        self.sim.add(handle.key, req.prompt_tokens, req.max_tokens)
+        self.sim.add(handle.key, req.prompt_tokens, req.max_tokens, req.block_hashes)
         self._handles[handle.key] = handle
         self._by_request_id[req.request_id] = handle
         self._wake.set()
@@ -145,6 +147,7 @@ class EngineRuntime:
 
     def gauges(self) -> EngineGauges:
         sim = self.sim
+        counters = sim.counters()
         return EngineGauges(
             running=sim.num_running,
             waiting=sim.num_waiting,
@@ -152,7 +155,9 @@ class EngineRuntime:
             kv_used_tokens=sim.kv_used_tokens,
             kv_capacity_tokens=sim.kv_capacity_tokens,
             gen_throughput=self.gen_throughput(),
-            preemptions_total=sim.counters().preemptions_total,
+            preemptions_total=counters.preemptions_total,
+            prefix_queries_total=counters.prefix_queries_total,
+            prefix_hits_total=counters.prefix_hits_total,
         )
 
     def state(self) -> dict[str, Any]:
@@ -169,6 +174,8 @@ class EngineRuntime:
             "kv_capacity_tokens": self.sim.kv_capacity_tokens,
             "prompt_tokens_total": c.prompt_tokens_total,
             "generation_tokens_total": c.generation_tokens_total,
+            "prefix_cache_queries": c.prefix_queries_total,
+            "prefix_cache_hits": c.prefix_hits_total,
             "steps": c.steps_total,
             "gen_throughput": self.gen_throughput(),
         }
@@ -231,6 +238,7 @@ class EngineRuntime:
                     self.metrics.on_token(None if ev.index == 0 else now - handle.last_at)
             if ev.index == 0:
                 handle.first_at = now
+                handle.cached = ev.cached_tokens
             handle.last_at = now
             handle.generated = ev.index + 1
             finish = req.finish_reason if ev.finished else None

@@ -10,8 +10,10 @@ Engine routes (engines.md §1.3 and §2.3): ``POST /v1/chat/completions`` (tools
 vLLM also ``/version``, ``/load`` (reports in-flight requests, as with
 ``--enable-server-load-tracking``), ``POST /ping``, ``/metrics/``; SGLang also
 ``/health_generate`` (``/health`` runs a 1-token generation through the engine, as SGLang's
-does), ``/ready``, ``/model_info`` (+ ``/get_model_info``), ``/v1/loads`` and ``POST
-/abort_request``.
+does), ``/ready``, ``/model_info`` (+ ``/get_model_info``), ``/server_info`` (+
+``/get_server_info``), ``/v1/loads`` and ``POST /abort_request``. vLLM's ``/metrics`` carries
+``vllm:cache_config_info`` (KV blocks and tokens) and both engines' ``/v1/models`` cards carry
+``max_model_len``: a gateway reads its capacity from them.
 
 Control routes (ours, not the engine's; never affected by faults):
 
@@ -48,6 +50,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from fleetgate.catalog.roofline import kv_capacity_tokens
 from fleetgate.emulator.apis import ApiRoutes
 from fleetgate.emulator.config import EmulatorConfig
 from fleetgate.emulator.faults import FaultMiddleware, FaultPatch, FaultState
@@ -64,7 +67,7 @@ from fleetgate.emulator.formats_sglang import SglangWire
 from fleetgate.emulator.formats_vllm import VllmWire
 from fleetgate.emulator.metrics import EngineMetrics
 from fleetgate.emulator.metrics_sglang import SglangMetrics
-from fleetgate.emulator.metrics_vllm import VllmMetrics
+from fleetgate.emulator.metrics_vllm import VllmMetrics, cache_config_info
 from fleetgate.emulator.parsing import (
     EngineError,
     EngineLimits,
@@ -97,7 +100,11 @@ class EmulatedEngine:
         self.metrics: EngineMetrics
         if config.engine == "vllm":
             self.wire = VllmWire(first, tp)
-            self.metrics = VllmMetrics(first, config.context_length)
+            sched = config.scheduler_config()
+            kv = kv_capacity_tokens(config.gpu_spec, config.model_profile, tp,
+                                    sched.gpu_memory_utilization, sched.workspace_gb)
+            self.metrics = VllmMetrics(first, config.context_length, cache_config_info(
+                kv, sched.gpu_memory_utilization, config.context_length))
         else:
             self.wire = SglangWire()
             self.metrics = SglangMetrics(first, tp, config.context_length)
@@ -143,7 +150,9 @@ class EmulatedEngine:
         cap = self.config.max_queued_requests
         if cap is not None and self.runtime.sim.num_waiting >= cap:
             return self._queue_full(req)
-        return EngineResponse(self.runtime, ChatSession(self.wire, req), self.runtime.submit(req))
+        handle = self.runtime.submit(req)
+        report = handle if self.config.prompt_tokens_details else None
+        return EngineResponse(self.runtime, ChatSession(self.wire, req, report), handle)
 
     def _queue_full(self, req: ParsedRequest) -> Response:
         self.metrics.on_rejected()
@@ -240,6 +249,51 @@ class EmulatedEngine:
                 "has_audio_understanding": False,
                 "model_type": "llama",
                 "architectures": [self.config.model_profile.architecture],
+            }
+        )
+
+    async def server_info(self, request: Request) -> Response:
+        """SGLang's ``/server_info`` (``/get_server_info``): the server args (the ones a
+        gateway reads, in SGLang's order; ``context_length`` is null unless set on the
+        command line), the scheduler's token limits and one internal state per DP rank."""
+        cfg, sim = self.config, self.runtime.sim
+        sched = cfg.scheduler_config()
+        name = cfg.served_models[0]
+        path = cfg.model_path or name
+        args: dict[str, Any] = {
+            "model_path": path, "tokenizer_path": path, "context_length": cfg.max_model_len,
+            "is_embedding": False, "dtype": "auto", "kv_cache_dtype": "auto",
+            "mem_fraction_static": sched.gpu_memory_utilization,
+            "max_running_requests": sched.max_num_seqs,
+            "max_queued_requests": cfg.max_queued_requests,
+            "max_total_tokens": None, "chunked_prefill_size": sched.max_num_batched_tokens,
+            "max_prefill_tokens": 16384, "schedule_policy": "fcfs", "page_size": 1,
+            "device": "cuda", "tp_size": sim.tp, "pp_size": 1,
+            "served_model_name": name, "weight_version": "default", "dp_size": 1,
+            "attention_backend": "fa3", "disable_radix_cache": False,
+        }
+        gib = float(1 << 30)
+        state = {
+            **args,
+            "last_gen_throughput": self.runtime.gen_throughput(),
+            "memory_usage": {
+                "weight": round(sim.profile.weight_bytes / sim.tp / gib, 2),
+                "kvcache": round(sim.kv_capacity_tokens * sim.profile.kv_bytes_per_token
+                                 / sim.tp / gib, 2),
+                "token_capacity": sim.kv_capacity_tokens,
+                "graph": 0,
+            },
+            "effective_max_running_requests_per_dp": sched.max_num_seqs,
+        }
+        max_req_len = min(cfg.context_length - 1, sim.kv_capacity_tokens - 1)
+        return json_response(
+            {
+                **args,
+                "status": "ready",
+                "max_total_num_tokens": sim.kv_capacity_tokens,
+                "max_req_input_len": max_req_len - 5,
+                "internal_states": [state],
+                "version": SGLANG_VERSION,
             }
         )
 
@@ -342,6 +396,8 @@ class EmulatedEngine:
             Route("/ping", self.ok, methods=["GET"]),
             Route("/model_info", self.model_info, methods=["GET"]),
             Route("/get_model_info", self.model_info, methods=["GET"]),
+            Route("/server_info", self.server_info, methods=["GET"]),
+            Route("/get_server_info", self.server_info, methods=["GET"]),
             Route("/v1/loads", self.loads, methods=["GET"]),
             Route("/abort_request", self.abort_request, methods=["POST"]),
         ]

@@ -22,7 +22,7 @@ from typing import Protocol
 from fleetgate.emulator.formats import DONE_FRAME, Json, WireFormat, sse
 from fleetgate.emulator.parsing import ParsedRequest
 from fleetgate.emulator.plan import ToolProgress
-from fleetgate.emulator.runtime import Output
+from fleetgate.emulator.runtime import Output, RequestHandle
 
 
 class StreamSession(Protocol):
@@ -42,8 +42,10 @@ def frames(chunks: Iterable[Json]) -> bytes:
 class ChatSession:
     """Chat and text completions: ``data: <json>`` frames, then ``data: [DONE]``."""
 
-    def __init__(self, wire: WireFormat, req: ParsedRequest) -> None:
+    def __init__(self, wire: WireFormat, req: ParsedRequest,
+                 cache_report: RequestHandle | None = None) -> None:
         self.wire, self.req = wire, req
+        self.cache_report = cache_report  # set: usage reports the handle's cached tokens
         call = req.plan.call if req.plan is not None and req.kind == "chat" else None
         self.tools = ToolProgress(call) if call is not None else None
         self.call_id = wire.tool_call_id() if call is not None else ""
@@ -61,7 +63,18 @@ class ChatSession:
             self.wire.stream_token(req, out.text, out.completion_tokens, out.finish_reason))
 
     def closing(self, out: Output) -> bytes:
-        return frames(self.wire.stream_end(self.req, out.completion_tokens)) + DONE_FRAME
+        chunks = self.wire.stream_end(self.req, out.completion_tokens)
+        return frames(self._details(chunks)) + DONE_FRAME
 
     def body(self, text: str, out: Output) -> Json:
-        return self.wire.response(self.req, text, out.completion_tokens, out.finish_reason or "")
+        body = self.wire.response(self.req, text, out.completion_tokens, out.finish_reason or "")
+        return self._details([body])[0]
+
+    def _details(self, chunks: list[Json]) -> list[Json]:
+        """``usage.prompt_tokens_details.cached_tokens`` when the engine reports it."""
+        if self.cache_report is not None:
+            for chunk in chunks:
+                if isinstance(chunk.get("usage"), dict):
+                    chunk["usage"]["prompt_tokens_details"] = {
+                        "cached_tokens": self.cache_report.cached}
+        return chunks

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from fleetgate.config.schema import AuthConfig, KeyLimits
 from fleetgate.gateway.errors import Forbidden, Unauthorized
+from fleetgate.state.admission import PRIORITIES, priority_of
 
 ANONYMOUS = "anonymous"
 
@@ -34,6 +35,16 @@ class Principal:
     policies: frozenset[str] | None = None  # None = every policy
     limits: KeyLimits = field(default_factory=KeyLimits)
     admin: bool = False
+    priority: str | None = None  # the key's class (None: an open gateway, x-priority decides)
+    weight: float = 1.0
+
+    def priority_for(self, header: str | None) -> str:
+        """The class a request waits in: the key's, or a lower one the client asks for
+        with ``x-priority``; without keys the header decides (normal when absent)."""
+        asked = priority_of(header, self.priority or "normal")
+        if self.priority is None:
+            return asked
+        return max(asked, self.priority, key=PRIORITIES.index)
 
     def check_model(self, model: str) -> None:
         if self.models is not None and model not in self.models:
@@ -62,7 +73,8 @@ class KeyTable:
             digest = bytes.fromhex(k.key_sha256 or sha256_hex(k.key or ""))
             self._keys.append((digest, Principal(
                 k.name, k.tenant, frozenset(k.models) if k.models is not None else None,
-                frozenset(k.policies) if k.policies is not None else None, k.limits)))
+                frozenset(k.policies) if k.policies is not None else None, k.limits,
+                priority=k.priority, weight=k.weight)))
         self._admin = [bytes.fromhex(sha256_hex(a)) for a in auth.admin_keys if a]
 
     @property

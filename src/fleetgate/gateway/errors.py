@@ -48,6 +48,30 @@ class BadRequest(GatewayError):
     code = "invalid_request"
 
 
+class ContextLengthExceeded(BadRequest):
+    """The request fits the context of no endpoint serving the model (OpenAI's answer)."""
+
+    code = "context_length_exceeded"
+
+
+def context_length_exceeded(limit: int, prompt_tokens: int, completion_tokens: int | None,
+                            param: str) -> ContextLengthExceeded:
+    """OpenAI's 400 for a request over the model's context; ``param`` names the prompt field
+    ("messages", "prompt", "input"), ``completion_tokens`` None: the request set no output
+    cap (or has no output). Token counts are the gateway's estimate (~4 characters a token)."""
+    what = "the messages" if param == "messages" else f"the {param}"
+    if completion_tokens is None:
+        message = (f"This model's maximum context length is {limit} tokens. However, "
+                   f"{'your messages' if param == 'messages' else f'your {param}'} resulted "
+                   f"in {prompt_tokens} tokens. Please reduce the length of {what}.")
+    else:
+        message = (f"This model's maximum context length is {limit} tokens. However, you "
+                   f"requested {prompt_tokens + completion_tokens} tokens ({prompt_tokens} in "
+                   f"{what}, {completion_tokens} in the completion). Please reduce the length "
+                   f"of {what} or completion.")
+    return ContextLengthExceeded(message, param=param)
+
+
 class Unauthorized(GatewayError):
     status = 401
     code = "invalid_api_key"

@@ -117,7 +117,8 @@ async def build_generation(config: FleetConfig, settings: Settings, http: aiohtt
     else:
         await fleet.start(previous.emulators, previous.live)
     attempts = {name: p.max_attempts for name, p in config.policies.items()}
-    return Generation(fleet, router, attempts)
+    first_byte = {name: p.first_byte_timeout_s for name, p in config.policies.items()}
+    return Generation(fleet, router, attempts, first_byte)
 
 
 def served_models(config: FleetConfig) -> dict[str, frozenset[str]]:

@@ -10,17 +10,40 @@ prior of ``prior.py`` corrected by the learned ``k_tpot``/``k_ttft``:
              current by ``LiveFleet``)
     B_max  = floor(min(max_batch, kv_capacity_tokens / (n + g)))  (KV memory limits the
              running batch; counted at full length, so admitted requests are never preempted)
-    tpot   = k_tpot * (step_base + step_per_ctx_token * C * min(active + 1, B_max))
+    rho    = min(prefill_tokens_per_s * prefill_per_token, 0.9)   (the share of the engine's
+             time spent on the prompts it was sent lately: chunked prefill shares every step
+             with the decodes, so decode steps come 1 / (1 - rho) times slower)
+    tpot   = k_tpot * (step_base + step_per_ctx_token * C * min(active + 1, B_max)) / (1 - rho)
     wait   = floor(active / B_max) * tpot * g   (a request beyond the running batch waits, at
              worst, for whole generations to free a slot: the running requests may all have
              started together; = ceil(max(0, active + 1 - B_max) / B_max) for whole counts)
     ttft   = k_ttft * (step_base + prefill_per_token * n * (1 + queued) + wait)
-    B_slo  = the largest batch whose tpot meets the SLO: (0.8*slo_tpot/k_tpot - step_base)
-             / (step_per_ctx_token * C), clipped to [0, B_max]  (B_max without a TPOT SLO)
-    usd_per_mtok = usd_per_s / (B_slo / tpot(B_slo)) * 1e6   (replica $/s over the tokens/s
-             it sustains at the SLO; infinite when it cannot meet the SLO at all)
-    meets_slo = tpot <= 0.8 * slo_tpot and ttft <= 0.8 * slo_ttft   (20% headroom: the
-             predictions are averages, the SLO is judged per request)
+    n_typ, g_typ = the mean prompt and answer of the requests the gateway sent lately
+             (``prompt_tokens_mean``, ``output_tokens_mean``, one value each for the fleet; n
+             and g before any): capacity and price are the endpoint's on this workload, not on
+             this one request
+    per_seq = step_per_ctx_token * (n_typ + g_typ/2) + prefill_per_token * n_typ / g_typ  (one
+             running request costs a step in steady state: its KV read, and its prompt's
+             prefill spread over its output tokens: an endpoint that runs B requests at TPOT t
+             takes in B/(t*g) prompts a second, so rho is not free at capacity)
+    stall  = prefill_per_token * n_typ / max(g_short - 1, 1)   (g_short: the 2nd percentile
+             of answers, ``output_tokens_p2``; g before any)
+    B_slo  = the largest batch at which the short answers still meet the TPOT SLO when one
+             typical prompt's prefill lands in their life: (0.8*slo_tpot/k_tpot - step_base -
+             stall) / per_seq, clipped to [0, B_max]  (B_max without a TPOT SLO). The SLO is
+             judged per request, and a short answer lives a few steps: one of them carrying
+             another request's prefill is most of its TPOT, so the tail of the answers, not
+             their mean, sets the capacity (a 99% target cannot give up the shortest 2%).
+             When not even one request fits beside the stall, no batch size protects that
+             tail and the stall is left out (capacity by the mean, rather than a fleet that
+             turns everyone away). At least 1 when tpot(1) meets the SLO. Then
+             B_slo = min(B_slo, slo_limit): the concurrency the endpoint was seen to meet the
+             SLO at, learned from the requests' own results (``state/learning.py``; NaN: none)
+    usd_per_mtok = usd_per_s * 1e6 * k_tpot * (step_base + per_seq * B_slo) / B_slo   (replica
+             $/s over the tokens/s it sustains at the SLO; infinite when it cannot meet the SLO
+             at all)
+    meets_slo = tpot <= 0.8 * slo_tpot and ttft <= 0.8 * slo_ttft and active + 1 <= B_slo
+             (20% headroom: the predictions are averages, the SLO is judged per request)
 
 The loop (numba) costs ~10 ns a candidate; as whole-column numpy operations the same
 formulas took ~60 calls whose fixed cost dominated a decision at any fleet size
@@ -50,8 +73,9 @@ from fleetgate.routing.types import (
 
 DEFAULT_MAX_TOKENS = 256
 SLO_HEADROOM = 0.8
+MAX_PREFILL_SHARE = 0.9
 NAMES = ("ttft_s", "tpot_s", "e2e_s", "usd_per_mtok", "slo_capacity", "active", "load",
-         "meets_slo", "kv_headroom_tokens", "fits_context")
+         "meets_slo", "kv_headroom_tokens", "fits_context", "prefill_s")
 
 
 T = TypeVar("T")
@@ -78,14 +102,44 @@ class Slo:
 
 # The snapshot rows the kernel reads, passed in (never baked into numba's on-disk cache).
 _LIVE_IN = np.array([LIVE_ROW[name] for name in (
-    "active", "queued", "kv_usage", "k_tpot", "k_ttft")], dtype=np.intp)
+    "active", "queued", "kv_usage", "k_tpot", "k_ttft", "prefill_tokens_per_s", "slo_limit",
+    "prompt_tokens_mean", "output_tokens_mean", "output_tokens_p2")],
+    dtype=np.intp)
 _STATIC_IN = np.array([STATIC_ROW[name] for name in (
     "step_base_s", "step_per_ctx_token_s", "prefill_s_per_token", "kv_capacity_tokens",
     "max_batch", "usd_per_s")], dtype=np.intp)
+_BASE, _PER_CTX, _PREFILL, _KV_CAP, _MAX_BATCH = (STATIC_ROW[name] for name in (
+    "step_base_s", "step_per_ctx_token_s", "prefill_s_per_token", "kv_capacity_tokens",
+    "max_batch"))
 _USABLE_IN = np.array([LIVE_ROW["usable_from"], LIVE_ROW["stale_at"]], dtype=np.intp)
 # The rows the kernel writes, in order.
 KERNEL_ROWS = ("b_max", "tpot_s", "ttft_s", "e2e_s", "slo_capacity", "usd_per_mtok", "load",
                "kv_headroom_tokens")
+
+
+@compiled
+def _batch_limit(max_batch: float, kv_capacity_tokens: float, full: float) -> float:
+    """B_max: the running batch KV memory allows at full length (at least 1)."""
+    return max(np.floor(min(max_batch, kv_capacity_tokens / full)), 1.0)
+
+
+@compiled
+def _prefill_slowdown(prefill_tokens_per_s: float, prefill_s_per_token: float) -> float:
+    """1 / (1 - rho): how much slower decode steps come while prompts share the steps."""
+    rate = prefill_tokens_per_s if prefill_tokens_per_s > 0 else 0.0  # NaN -> 0
+    return 1.0 / (1.0 - min(rate * prefill_s_per_token, MAX_PREFILL_SHARE))
+
+
+def prior_tpot(static: FloatArray, i: int, prompt_tokens: float, output_tokens: float,
+               batch: float, prefill_tokens_per_s: float) -> float:
+    """The uncorrected prior's TPOT for endpoint ``i`` at ``batch`` running requests: what
+    the learned ``k_tpot`` is measured against (``state/learning.py``)."""
+    col = static[:, i]
+    full = prompt_tokens + output_tokens
+    b_max = _batch_limit(col[_MAX_BATCH], col[_KV_CAP], full)
+    ctx = prompt_tokens + output_tokens / 2
+    step = col[_BASE] + col[_PER_CTX] * ctx * min(max(batch, 1.0), b_max)
+    return float(step * _prefill_slowdown(prefill_tokens_per_s, col[_PREFILL]))
 
 
 @compiled
@@ -97,22 +151,39 @@ def _kernel(live: FloatArray, static: FloatArray, live_in: IntArray, static_in: 
     Limits are the SLO times the headroom, +inf without that SLO (then not compared, so an
     unknown prediction does not fail an SLO nobody set).
     """
-    active_r, queued_r, kv_usage_r, k_tpot_r, k_ttft_r = live_in
+    (active_r, queued_r, kv_usage_r, k_tpot_r, k_ttft_r, prefill_rate_r, limit_r, typ_n_r,
+     typ_g_r, short_r) = live_in
     base_r, per_ctx_r, prefill_r, kv_cap_r, max_batch_r, usd_r = static_in
     ctx = n + g / 2
     full = n + g
     for j in range(idx.shape[0]):
         i = idx[j]
+        slow = _prefill_slowdown(live[prefill_rate_r, i], static[prefill_r, i])
         active, k_tpot = live[active_r, i], live[k_tpot_r, i]
         base, ctx_cost, cap = static[base_r, i], static[per_ctx_r, i] * ctx, static[kv_cap_r, i]
-        b_max = max(np.floor(min(static[max_batch_r, i], cap / full)), 1.0)
-        tpot = k_tpot * (base + ctx_cost * min(active + 1.0, b_max))
+        b_max = _batch_limit(static[max_batch_r, i], cap, full)
+        tpot = k_tpot * slow * (base + ctx_cost * min(active + 1.0, b_max))
         wait = np.floor(active / b_max) * tpot * g
         prefill = static[prefill_r, i] * n * (live[queued_r, i] + 1.0)
         ttft = live[k_ttft_r, i] * (base + prefill + wait)
+        typical = live[typ_n_r, i] if live[typ_n_r, i] > 0 else n  # NaN: nothing sent yet
+        answer = live[typ_g_r, i] if live[typ_g_r, i] > 0 else g
+        short = live[short_r, i] if live[short_r, i] > 0 else g
+        per_seq = (static[per_ctx_r, i] * (typical + answer / 2)
+                   + static[prefill_r, i] * typical / answer)
         batch = b_max
         if tpot_limit < np.inf:
-            batch = min(max(np.floor((tpot_limit / k_tpot - base) / ctx_cost), 0.0), b_max)
+            stall = static[prefill_r, i] * typical / max(short - 1.0, 1.0)
+            room = tpot_limit / k_tpot - base
+            if room - stall >= per_seq:  # else no batch protects the tail: mind the mean
+                room -= stall
+            batch = min(max(np.floor(room / per_seq), 0.0), b_max)
+            if batch < 1.0 and k_tpot * (base + ctx_cost) <= tpot_limit:
+                batch = 1.0  # it meets the SLO alone: one at a time
+        limit = live[limit_r, i]
+        if limit > 0:  # NaN: nothing learned
+            batch = min(batch, max(np.floor(limit), 1.0))
+        within = active + 1.0 <= batch
         usage = live[kv_usage_r, i]
         if np.isnan(usage):
             usage = min(active * ctx / cap, 1.0)
@@ -121,11 +192,11 @@ def _kernel(live: FloatArray, static: FloatArray, live_in: IntArray, static_in: 
         out[2, j] = ttft
         out[3, j] = ttft + tpot * (g - 1)
         out[4, j] = batch
-        out[5, j] = (static[usd_r, i] * 1e6 * k_tpot * (base + ctx_cost * batch) / batch
+        out[5, j] = (static[usd_r, i] * 1e6 * k_tpot * (base + per_seq * batch) / batch
                      if batch > 0 else np.inf)  # $/s over tokens/s at the SLO batch
         out[6, j] = active / max(batch, 1.0)
         out[7, j] = (1.0 - usage) * cap
-        meets[j] = ((tpot_limit == np.inf or tpot <= tpot_limit)
+        meets[j] = within and ((tpot_limit == np.inf or tpot <= tpot_limit)
                     and (ttft_limit == np.inf or ttft <= ttft_limit))
 
 
@@ -163,7 +234,7 @@ class Estimates:
         self._now = snap.taken_at
         self._n = float(req.prompt_tokens_estimate)
         self._g = float(req.max_tokens or DEFAULT_MAX_TOKENS)
-        self._slo = slo
+        self.slo = slo
         self._one: dict[int, tuple[FloatArray, BoolArray]] = {}  # at(): one candidate's run
 
     def __getitem__(self, name: str) -> Any:
@@ -178,12 +249,13 @@ class Estimates:
         """One candidate's estimate. When no plugin has needed the whole fleet's (round-robin),
         the kernel runs for that candidate alone: the gateway asks for the attempted
         endpoints' TTFT and TPOT to learn its corrections."""
-        if name not in KERNEL_ROWS or "_kernel_out" in self.__dict__:
+        one_run = name in KERNEL_ROWS or name == "meets_slo"
+        if not one_run or "_kernel_out" in self.__dict__:
             return float(self[name][k])
         one = self._one.get(k)
         if one is None:
             one = self._one[k] = self._run(self._idx[k:k + 1])
-        return float(one[0][KERNEL_ROWS.index(name), 0])
+        return float(one[1][0] if name == "meets_slo" else one[0][KERNEL_ROWS.index(name), 0])
 
     def column(self, name: str) -> FloatArray:
         """A live or static column of the snapshot, aligned with the candidates."""
@@ -201,6 +273,12 @@ class Estimates:
         return self.column("max_model_len") >= self._n + self._g
 
     @lazy
+    def prefill_s(self) -> FloatArray:
+        """This prompt's prefill alone on an idle endpoint: k_ttft * (base + prefill * n)."""
+        return self.column("k_ttft") * (self.column("step_base_s")
+                                        + self.column("prefill_s_per_token") * self._n)
+
+    @lazy
     def active(self) -> FloatArray:
         return self.column("active")
 
@@ -211,7 +289,7 @@ class Estimates:
     def _run(self, idx: IntArray) -> tuple[FloatArray, BoolArray]:
         out = np.empty((len(KERNEL_ROWS), len(idx)))
         meets = np.empty(len(idx), dtype=bool)
-        tpot, ttft = self._slo.tpot_s, self._slo.ttft_s
+        tpot, ttft = self.slo.tpot_s, self.slo.ttft_s
         _kernel(self._snap.live, self._snap.static, _LIVE_IN, _STATIC_IN, idx, self._n,
                 self._g, np.inf if tpot is None else SLO_HEADROOM * tpot,
                 np.inf if ttft is None else SLO_HEADROOM * ttft, out, meets)

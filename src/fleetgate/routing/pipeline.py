@@ -60,8 +60,11 @@ class Pipeline:
             alive = inp.mask = alive & keep
             left = int(np.count_nonzero(alive))
         if not left:
-            return Decision(self.name, req.model, "no eligible endpoint", snap.endpoints, idx,
-                            stages=tuple(stages), estimates=est, alive=alive, snapshot=snap)
+            limit = context_limit(req, est.column("max_model_len"))
+            return Decision(self.name, req.model, "no eligible endpoint" if limit is None else
+                            "the request exceeds every endpoint's context", snap.endpoints, idx,
+                            stages=tuple(stages), estimates=est, alive=alive, snapshot=snap,
+                            context_limit=limit)
         scores = {s.name: s(inp) for s in self.scorers}
         total, reason, over = self._total(scores, est, alive, left)
         rank = total if left == count else np.where(alive, total, -np.inf)
@@ -91,3 +94,15 @@ class Pipeline:
             return fastest, "no endpoint is predicted to meet the SLO: fastest first", True
         return np.where(meets, 1.0 + total, fastest * 0.999), \
             "cheapest predicted to meet the SLO; the rest fastest-first", False
+
+
+def context_limit(req: RoutingRequest, contexts: Any) -> int | None:
+    """The largest of ``contexts`` when ``req`` fits none of them, else None.
+
+    A request needs its prompt plus ``max_tokens``; without ``max_tokens`` the engines
+    generate into whatever room is left, so it needs the prompt plus one token (vLLM and
+    SGLang refuse a prompt as long as the context)."""
+    largest = float(np.max(contexts)) if len(contexts) else 0.0
+    if req.prompt_tokens_estimate + (req.max_tokens or 1) <= largest:
+        return None
+    return int(largest)

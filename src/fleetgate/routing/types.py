@@ -12,9 +12,9 @@ May touch: numpy, dataclasses. Must not touch: HTTP, asyncio, clocks, the gatewa
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -42,6 +42,9 @@ class RoutingRequest:
     user: str | None = None
     tenant: str | None = None
     policy: str | None = None  # asked for by name (x-fleetgate-policy)
+    # chained hashes of the prompt's fixed-size chunks (plugins/prefix_cache.py), for the
+    # prefix_cache scorer and the prefix index; () when the prompt is shorter than one chunk
+    prefix_hashes: tuple[int, ...] = ()
 
     @property
     def prompt_tokens_estimate(self) -> int:
@@ -96,9 +99,20 @@ class Endpoint:
         return self.source.startswith("emulated://")
 
 
+class PrefixLookup(Protocol):
+    """Which endpoints were recently sent which prompt prefixes (``state/prefix.py``)."""
+
+    def matched(self, hashes: Sequence[int], count: int) -> FloatArray:
+        """Per endpoint (``count`` of them, in snapshot order): how many leading ``hashes``
+        it holds."""
+        ...
+
+
 # The live rows a decision reads (and a snapshot copies), then the ones it does not.
-ROUTED_COLUMNS = ("active", "queued", "kv_usage", "k_tpot", "k_ttft", "health", "usable_from",
-                  "stale_at")
+ROUTED_COLUMNS = ("active", "queued", "kv_usage", "k_tpot", "k_ttft", "prefill_tokens_per_s",
+                  "slo_limit", "prompt_tokens_mean", "output_tokens_mean", "output_tokens_p2",
+                  "health",
+                  "usable_from", "stale_at")
 LIVE_COLUMNS = (
     *ROUTED_COLUMNS, "in_flight", "running", "ttft_s", "tpot_s", "tokens_per_s", "block_until",
     "last_contact", "error_rate", "peer_in_flight", "peer_block_until")
@@ -115,7 +129,12 @@ class Snapshot:
     ``live`` (a copy, one row per ROUTED_COLUMNS name; NaN = unknown): ``active`` (requests
     on the endpoint: max(this gateway's in-flight + the other replicas', the engine's running
     + queued)), ``queued`` (engine waiting queue from the last scrape plus dispatches since),
-    ``kv_usage`` (0..1), ``k_tpot``/``k_ttft`` (learned corrections of the prior), ``health``
+    ``kv_usage`` (0..1), ``k_tpot``/``k_ttft`` (learned corrections of the prior),
+    ``prefill_tokens_per_s`` (prompt tokens dispatched to it per second, recently),
+    ``slo_limit`` (how many requests it was seen to run within the SLO; NaN: unknown),
+    ``prompt_tokens_mean`` / ``output_tokens_mean`` (the workload's: EWMAs over every request
+    the gateway sent and saw finish, one value for the fleet; NaN: none yet),
+    ``output_tokens_p2`` (the 2nd percentile of answers, likewise), ``health``
     (HEALTH_CODES), ``usable_from`` (when the breakers, ours and the peers', let requests
     through again; +inf while not ready) and ``stale_at`` (when the state goes stale; +inf
     while pending). ``LiveFleet`` keeps the derived ones current as events arrive, so a
@@ -123,6 +142,9 @@ class Snapshot:
     a fixed cost of every decision). The other live columns (in-flight, running, measured
     EWMAs, breaker times, peers) are read from ``LiveFleet.column``. ``static`` (read-only,
     one row per STATIC_COLUMNS name): the performance prior and the replica's $/s.
+    ``prefix``: a reference to the live prefix index, not a copy (copying it per decision
+    would cost more than the decision); only the ``prefix_cache`` scorer reads it, within
+    the synchronous decision, so the decision still sees one consistent state.
     """
 
     endpoints: tuple[Endpoint, ...]
@@ -130,6 +152,7 @@ class Snapshot:
     live: FloatArray
     static: FloatArray
     taken_at: float = 0.0
+    prefix: PrefixLookup | None = None  # the live prefix index, read only (see the class doc)
 
     def col(self, name: str) -> Any:
         row = LIVE_ROW.get(name)
@@ -183,6 +206,9 @@ class Decision:
     alive: BoolArray | None = None  # candidates that passed every filter
     over_capacity: bool = False  # the policy has an SLO and no candidate can meet it now
     snapshot: Snapshot | None = None
+    # The request fits the context of no endpoint serving the model, healthy or not (a client
+    # error, not a lack of capacity): the largest context there is. None: it fits one.
+    context_limit: int | None = None
 
     @property
     def rejected_count(self) -> int:
@@ -230,6 +256,15 @@ class Decision:
         total = float(self.total[k]) if self.total is not None else 0.0
         return Candidate(self.endpoints[self.idx[k]], total,
                          {name: float(v[k]) for name, v in self.scores.items()})
+
+    def slo_limits(self, position: int) -> tuple[float, float]:
+        """(TTFT, TPOT) limits the attempt at ``position`` is judged by when it ends: the
+        policy's SLO if that endpoint was predicted to meet it, else (inf, inf): not judged."""
+        est = self.estimates
+        if est is None or not est.at("meets_slo", position):
+            return math.inf, math.inf
+        return (math.inf if est.slo.ttft_s is None else est.slo.ttft_s,
+                math.inf if est.slo.tpot_s is None else est.slo.tpot_s)
 
     def estimate(self, name: str, position: int | None = None) -> float | None:
         """An estimate for the chosen candidate (or the one at ``position``); None if unknown."""

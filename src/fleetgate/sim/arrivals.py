@@ -52,6 +52,7 @@ class RequestSet:
     model: IntArray  # index into ``models``
     models: tuple[str, ...]
     tenants: tuple[str, ...]
+    prefix_tokens: int = 0  # the shared prefix of a ``prefix_group`` (sim/prefixes.py)
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -63,7 +64,8 @@ class RequestSet:
 
     def take(self, which: slice | IntArray) -> RequestSet:
         cols = {name: getattr(self, name)[which] for name in _COLUMNS}
-        return RequestSet(**cols, models=self.models, tenants=self.tenants)
+        return RequestSet(**cols, models=self.models, tenants=self.tenants,
+                          prefix_tokens=self.prefix_tokens)
 
 
 _COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens", "max_tokens", "prefix_group",
@@ -90,7 +92,7 @@ def generate(workload: Workload, seed: int, duration_s: float | None = None) -> 
     sent, out = max_tokens_sent(req.max_tokens, out)
     return RequestSet(arrivals, prompt, out, sent, group, tenant, priority,
                       np.full(n, req.stream, dtype=bool), np.zeros(n, dtype=np.int64),
-                      (req.model,), tenants)
+                      (req.model,), tenants, req.prefix.tokens if req.prefix else 0)
 
 
 def max_tokens_sent(rule: str | int, out: IntArray) -> tuple[IntArray, IntArray]:

@@ -5,16 +5,20 @@ Mirrors ``gateway/proxy/service.py`` (ProxyService) and ``gateway/proxy/attempt.
 
 1. the router decides from ``live.snapshot(now)`` (never anything the live gateway would
    not know: scraped load one scrape old, its own in-flight counts since);
-2. ``x-priority: low`` requests are shed (429) when the decision says every endpoint is
-   past its SLO capacity; no candidate at all is a 503;
+2. admission as live (``state/admission.py``): when every endpoint is past its SLO
+   capacity (or others already wait), a high-priority request goes at once, normal and low
+   ones wait in the same bounded, fair queue, released one per ended request while the
+   router has room, and shed (429) when their wait would not fit or their deadline passes;
+   no candidate at all is a 503;
 3. the candidates are tried in the decision's order, up to the policy's ``max_attempts``:
-   ``on_dispatch``, predictions of TTFT and TPOT taken from the decision for that candidate;
+   ``on_dispatch`` with the decision's TTFT prediction for that candidate (its ``Sample``
+   is what the measurements are learned against);
    a replica that is down refuses (``on_refused`` + ``on_failure``) and the next is tried;
    one that dies before the first token is retried on the next candidate, after it the
    request fails (the live gateway ends the stream with an error event);
-4. first token: ``on_first_token(ttft, predicted)`` (streamed; a non-streamed answer reports
+4. first token: ``on_first_token(ttft, sample)`` (streamed; a non-streamed answer reports
    ``None`` at the end and TPOT is measured from the predicted TTFT, as live);
-5. finish: ``on_finish`` with the measured TPOT and its prediction, and the ledger's charge
+5. finish: ``on_finish`` with the measured TPOT and the sample, and the ledger's charge
    (``catalog.pricing``: replica $/s x e2e / mean in-flight at start and end).
 
 May touch: routing, state.live, the replicas, outcomes. Must not touch: wall clocks, I/O.
@@ -28,10 +32,12 @@ from fleetgate.catalog.pricing import charge_usd, replica_seconds
 from fleetgate.routing import Decision, Router, RoutingRequest
 from fleetgate.sim.arrivals import PRIORITIES, RequestSet
 from fleetgate.sim.outcomes import BAD_REQUEST, FAILED, NO_CAPACITY, OK, SHED, Outcomes
+from fleetgate.sim.prefixes import SimPrefixes
 from fleetgate.sim.replica import SimReplica
+from fleetgate.state.admission import AdmissionQueue, drain_and_budget, room
+from fleetgate.state.learning import NO_SAMPLE, Sample
 from fleetgate.state.live import LiveFleet
 
-LOW = PRIORITIES.index("low")
 CHARS_PER_TOKEN = 4  # RoutingRequest.prompt_tokens_estimate = chars // 4 + 8
 
 
@@ -39,7 +45,7 @@ class Flight:
     """One request between arrival and its end."""
 
     __slots__ = ("arrival", "attempts", "decision", "first_at", "i", "in_flight0", "next",
-                 "pred_tpot", "pred_ttft", "r", "t0")
+                 "pred_ttft", "r", "sample", "t0")
 
     def __init__(self, r: int, arrival: float, decision: Decision, attempts: int) -> None:
         self.r, self.arrival, self.decision = r, arrival, decision
@@ -49,24 +55,28 @@ class Flight:
         self.t0 = arrival
         self.first_at: float | None = None
         self.pred_ttft: float | None = None
-        self.pred_tpot: float | None = None
+        self.sample: Sample = NO_SAMPLE
         self.in_flight0 = 1.0
 
 
 Reschedule = Callable[[int], None]
+CallAt = Callable[[float, Callable[[float], None]], None]
 
 
 class SimGateway:
     def __init__(self, requests: RequestSet, router: Router, live: LiveFleet,
                  replicas: list[SimReplica], max_attempts: dict[str, int], policy: str,
-                 reschedule: Reschedule) -> None:
+                 reschedule: Reschedule, call_at: CallAt) -> None:
         self.req, self.router, self.live, self.replicas = requests, router, live, replicas
         self.out = Outcomes.empty(len(requests))
         self._max_attempts, self._policy, self._reschedule = max_attempts, policy, reschedule
+        self._call_at = call_at
+        self.queue: AdmissionQueue[int] = AdmissionQueue()  # one model per simulated fleet
         self._usd_per_s = [ep.usd_per_s for ep in live.endpoints]
         self._gpus = [ep.gpus_per_replica for ep in live.endpoints]
         self.flights: dict[int, Flight] = {}
         self.on_endpoint: list[set[int]] = [set() for _ in live.endpoints]
+        self.prefixes = SimPrefixes(requests)  # prompt hashes: router chunks, engine blocks
 
     def _routing_request(self, r: int) -> RoutingRequest:
         req = self.req
@@ -77,18 +87,51 @@ class SimGateway:
             model=req.models[int(req.model[r])], stream=bool(req.stream[r]),
             max_tokens=sent or None,
             prompt_chars=CHARS_PER_TOKEN * max(0, int(req.prompt_tokens[r]) - 8),
-            headers=headers, tenant=req.tenants[int(req.tenant[r])], policy=self._policy)
+            headers=headers, tenant=req.tenants[int(req.tenant[r])], policy=self._policy,
+            prefix_hashes=self.prefixes.routing_chunks(r))
 
     # -- arrivals and attempts -------------------------------------------------------------
     def arrive(self, r: int, now: float) -> None:
         decision = self.router.route(self._routing_request(r), self.live.snapshot(now))
-        if decision.over_capacity and int(self.req.priority[r]) == LOW:
+        if decision.context_limit is not None:  # over every context: the gateway's 400
+            self._end(r, BAD_REQUEST, now)
+            return
+        priority = PRIORITIES[int(self.req.priority[r])]
+        if priority != "high" and (room(decision) == 0 or len(self.queue)):
+            self._wait(r, priority, decision, now)
+            return
+        self._go(r, decision, now)
+
+    def _wait(self, r: int, priority: str, decision: Decision, now: float) -> None:
+        drain, budget = drain_and_budget(decision)
+        may, _ = self.queue.admit(priority, drain, budget)
+        if not may:
             self._end(r, SHED, now)
             return
+        ticket = self.queue.push(r, priority, int(self.req.tenant[r]), 1.0, now + budget)
+
+        def expire(t: float) -> None:
+            if self.queue.cancel(ticket):
+                self._end(r, SHED, t)
+
+        self._call_at(now + budget, expire)
+        self._release(now)
+
+    def _release(self, now: float) -> None:
+        """A request ended (or one joined the queue): waiters go while there is room."""
+        while (head := self.queue.peek()) is not None:
+            decision = self.router.route(self._routing_request(head), self.live.snapshot(now))
+            if room(decision) == 0:
+                return
+            self.queue.pop()
+            self._go(head, decision, now)
+
+    def _go(self, r: int, decision: Decision, now: float) -> None:
         if not len(decision.order):
             self._end(r, NO_CAPACITY, now)
             return
-        flight = Flight(r, now, decision, self._max_attempts.get(decision.policy, 3))
+        flight = Flight(r, float(self.req.arrival_s[r]), decision,
+                        self._max_attempts.get(decision.policy, 3))
         self.flights[r] = flight
         self._try_next(flight, now)
 
@@ -98,11 +141,13 @@ class SimGateway:
             position, ep = flight.attempts[flight.next]
             flight.next += 1
             i = live.index[ep.id]
-            live.on_dispatch(i, now)
+            flight.pred_ttft = flight.decision.estimate("ttft_s", position)
+            flight.sample = live.on_dispatch(i, now, flight.pred_ttft,
+                                             int(self.req.prompt_tokens[r]),
+                                             flight.decision.slo_limits(position),
+                                             self.prefixes.routing_chunks(r))
             self.out.attempts[r] += 1
             flight.i, flight.t0, flight.first_at = i, now, None
-            flight.pred_ttft = flight.decision.estimate("ttft_s", position)
-            flight.pred_tpot = flight.decision.estimate("tpot_s", position)
             flight.in_flight0 = live.value(i, "in_flight")
             replica = self.replicas[i]
             if not replica.up:
@@ -115,7 +160,7 @@ class SimGateway:
                 self._end(r, BAD_REQUEST, now, i)
                 return
             self.on_endpoint[i].add(r)
-            if replica.add(str(r), prompt, output, now):
+            if replica.add(str(r), prompt, output, now, self.prefixes.engine_blocks(r)):
                 self._reschedule(i)
             return
         self._end(r, FAILED, now, flight.i)
@@ -126,7 +171,7 @@ class SimGateway:
         flight.first_at = now
         self.out.ttft_s[r] = now - flight.arrival
         if self.req.stream[r]:
-            self.live.on_first_token(flight.i, now - flight.t0, flight.pred_ttft)
+            self.live.on_first_token(flight.i, now, now - flight.t0, flight.sample)
 
     def finished(self, r: int, now: float) -> None:
         flight = self.flights[r]
@@ -135,17 +180,20 @@ class SimGateway:
         if self.req.stream[r] and flight.first_at is not None:
             start = flight.first_at
         else:
-            live.on_first_token(i, None, None)
+            live.on_first_token(i, now, None)
             start = flight.t0 + (flight.pred_ttft or 0.0)
         tpot = (now - start) / (tokens - 1) if tokens > 1 and now > start else None
         concurrency = (flight.in_flight0 + live.value(i, "in_flight")) / 2
-        live.on_finish(i, now, tokens, now - flight.t0, tpot, flight.pred_tpot)
+        ttft = None if flight.first_at is None or not self.req.stream[r] else \
+            flight.first_at - flight.t0
+        live.on_finish(i, now, tokens, now - flight.t0, tpot, flight.sample, ttft)
         self._charge(r, i, now - flight.t0, concurrency, ok=True)
         out = self.out
         out.tokens[r] = tokens
         if tokens > 1 and flight.first_at is not None:
             out.tpot_s[r] = (now - flight.first_at) / (tokens - 1)
         self._end(r, OK, now, i)
+        self._release(now)
 
     def endpoint_died(self, i: int, now: float) -> None:
         """Replica ``i`` lost its requests: retry those without a first token elsewhere."""
@@ -159,6 +207,7 @@ class SimGateway:
                 self._try_next(flight, now)
             else:
                 self._end(r, FAILED, now, i)
+            self._release(now)
 
     # -- bookkeeping ---------------------------------------------------------------------
     def _charge(self, r: int, i: int, e2e_s: float, concurrency: float, ok: bool) -> None:

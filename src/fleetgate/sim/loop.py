@@ -6,7 +6,8 @@ One ``Simulation`` runs one policy over one fleet and one ``RequestSet``. Events
 * a replica's step (or decode run, ``replica.py``) ends: its tokens go to the gateway;
 * every ``SCRAPE_INTERVAL_S`` the collector's tick: each endpoint is probed (down, not yet
   started or deregistered replicas fail the probe) and scraped (waiting, running, KV usage,
-  generation counter), then ``expire_scrapes``: what ``state/collector.py`` does, at the
+  generation counter), then ``LiveFleet.tick`` (stale scrapes expire, idle learned
+  corrections relax): what ``state/collector.py`` does, at the
   instant of the tick (a real scrape takes milliseconds);
 * injected faults (``workload.faults``) and the autoscaler's ticks.
 
@@ -49,7 +50,7 @@ class Simulation:
         router = build_router(fleet.config, seed)
         attempts = {name: p.max_attempts for name, p in fleet.config.policies.items()}
         self.gw = SimGateway(self.requests, router, fleet.live, fleet.replicas, attempts,
-                             policy, self._reschedule)
+                             policy, self._reschedule, self._call_at)
         self._heap: list[tuple[float, int, int, int, int]] = []
         self._calls: dict[int, Callable[[float], None]] = {}
         self._seq = itertools.count()
@@ -138,7 +139,7 @@ class Simulation:
             g = replica.gauges(now)
             live.on_scrape(i, now, g.waiting, g.running, g.kv_usage,
                            g.generation_tokens_total, None)
-        live.expire_scrapes(now)
+        live.tick(now)
         for sc in self.scaler.scalers:
             load = 0.0
             for i in self.scaler.live_slots(sc):

@@ -73,9 +73,11 @@ class SimReplica:
     def kv_capacity_tokens(self) -> int:
         return self.engine.kv_capacity_tokens
 
-    def add(self, key: str, prompt_tokens: int, max_tokens: int, now: float) -> bool:
-        """Queue a request at ``now``; True when ``next_time`` changed (reschedule it)."""
-        self.engine.add(key, prompt_tokens, max_tokens)
+    def add(self, key: str, prompt_tokens: int, max_tokens: int, now: float,
+            block_hashes: tuple[int, ...] = ()) -> bool:
+        """Queue a request at ``now`` (``block_hashes``: its prompt's prefix-cache blocks);
+        True when ``next_time`` changed (reschedule it)."""
+        self.engine.add(key, prompt_tokens, max_tokens, block_hashes)
         return self._interrupt(now)
 
     def advance(self) -> list[TokenEvent]:

@@ -90,7 +90,8 @@ def summarize(out: Outcomes, requests: RequestSet, fleet: SimFleet, duration_s: 
     if len(set(requests.priority.tolist())) > 1:
         result["priorities"] = {
             PRIORITIES[p]: {"requests": int((requests.priority == p).sum()),
-                            "slo_attainment": sig(float(met[requests.priority == p].mean()))}
+                            "slo_attainment": sig(float(met[requests.priority == p].mean())),
+                            "shed": int((out.status[requests.priority == p] == SHED).sum())}
             for p in sorted(set(requests.priority.tolist()))}
     return result
 

@@ -10,6 +10,13 @@ A scrape that fails or does not parse leaves the previous load in place (it expi
 stale after ``LiveFleet.stale_after_s``) and counts in ``scrape_errors``. Engines without a
 metrics endpoint (``openai``) are only probed.
 
+Capacity (KV tokens, batch cap, context: ``backends/capacity.py``) is read at the first
+successful contact, in the same tick and before the endpoint is marked ready, so the router
+never routes on the catalog's guess when the engine can tell; again after the engine was
+unreachable (a restart or reconnect) or its token counter went backwards (a restart between
+two probes); and every ``CAPACITY_REFRESH_S`` in case. A read that finds nothing is retried
+after ``CAPACITY_RETRY_S``. A context the config sets for the pool stays the upper bound.
+
 May touch: aiohttp, backends (health probe, metrics parser), routing live state.
 Must not touch: HTTP routes, the router.
 """
@@ -23,6 +30,7 @@ from collections.abc import Callable, Sequence
 
 import aiohttp
 
+from fleetgate.backends.capacity import EngineCapacity, read_capacity
 from fleetgate.backends.metrics import (
     EngineLoad,
     MetricsParseError,
@@ -35,6 +43,8 @@ from fleetgate.state.live import LiveFleet
 log = logging.getLogger("fleetgate.collector")
 
 SCRAPE_TIMEOUT_S = 2.0
+CAPACITY_RETRY_S = 30.0
+CAPACITY_REFRESH_S = 600.0
 
 
 class Collector:
@@ -46,10 +56,12 @@ class Collector:
         self._clock = clock
         self.scrape_errors: Counter[str] = Counter()
         self.ticks = 0
+        self.capacity: dict[str, EngineCapacity] = {}  # endpoint id -> its last report
+        self._capacity_due = [0.0] * len(self._endpoints)  # clock time of the next read
 
     async def tick(self) -> None:
         await asyncio.gather(*(self._one(i, ep) for i, ep in enumerate(self._endpoints)))
-        self._live.expire_scrapes(self._clock())
+        self._live.tick(self._clock())
         self.ticks += 1
 
     async def run(self, interval_s: float) -> None:
@@ -67,13 +79,41 @@ class Collector:
         # an engine that fails its probe is not scraped (no second timeout to wait for).
         health = await probe(self._http, ep.url, ep.spec, SCRAPE_TIMEOUT_S)
         load = await self._scrape(ep) if health.ok else None
+        capacity = None
+        if health.ok and self._clock() >= self._capacity_due[i]:
+            capacity = await read_capacity(self._http, ep.url, ep.spec, SCRAPE_TIMEOUT_S)
         now = self._clock()
+        self._capacity_seen(i, ep, now, health.ok, load, capacity)
         if self._live.on_probe(i, now, health.ok, health.detail):
             log.info("endpoint %s is %s (%s)", ep.id, self._live.stats[i].health.state,
                      health.detail)
         if load is not None:
             self._live.on_scrape(i, now, load.waiting, load.running, load.kv_usage,
                                  load.generation_tokens_total, load.gen_throughput)
+
+    def _capacity_seen(self, i: int, ep: Endpoint, now: float, ok: bool,
+                       load: EngineLoad | None, capacity: EngineCapacity | None) -> None:
+        """Apply a capacity report and schedule the next read (module docstring)."""
+        if not ok:
+            self._capacity_due[i] = 0.0  # whatever answers next may be a new engine
+            return
+        last_total = self._live.stats[i].last_gen_total
+        if (load is not None and load.generation_tokens_total is not None
+                and load.generation_tokens_total < last_total):
+            self._capacity_due[i] = 0.0  # counters restarted: so did the engine
+        if capacity is None:
+            return
+        if capacity.empty:
+            self._capacity_due[i] = now + CAPACITY_RETRY_S
+            return
+        self._capacity_due[i] = now + CAPACITY_REFRESH_S
+        context = capacity.max_model_len
+        if context is not None and ep.max_model_len:
+            context = min(context, ep.max_model_len)
+        self.capacity[ep.id] = capacity
+        if self._live.on_capacity(i, capacity.kv_capacity_tokens, capacity.max_batch, context):
+            log.info("endpoint %s reports KV %s tokens, batch cap %s, context %s", ep.id,
+                     capacity.kv_capacity_tokens, capacity.max_batch, context)
 
     async def _scrape(self, ep: Endpoint) -> EngineLoad | None:
         if not ep.spec.metrics_path:

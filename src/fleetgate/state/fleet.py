@@ -26,6 +26,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import aiohttp
 
+from fleetgate.catalog.models import UNKNOWN_MODEL_PROFILE, profile_for_served_name
 from fleetgate.config.schema import FleetConfig, PoolConfig
 from fleetgate.routing import Endpoint, Snapshot
 from fleetgate.state.collector import Collector
@@ -114,13 +115,26 @@ def live_fleet(endpoints: list[Endpoint], stale_after_s: float = 10.0) -> LiveFl
 
 def prior_of(ep: Endpoint) -> Prior:
     """An endpoint's prior; an emulated one's ``speed``, ``tp``, ``stack`` and ``profile``
-    come from its ``emulated://`` URL."""
+    come from its ``emulated://`` URL (and its profile is the one the emulator runs). A
+    served name the catalog does not know gets the conservative profile, with one warning
+    per name."""
     query = _query(ep.source)
     scale = 1.0 / float(query.get("speed", 1.0)) if ep.is_emulated else 1.0
     served = next(iter(ep.models.values()))
     tp = int(query.get("tp", ep.gpus_per_replica))
-    return endpoint_prior(ep.accelerator, served, tp, query.get("stack", "stock"), scale,
-                          ep.max_model_len, query.get("profile"))
+    profile = query.get("profile") or (profile_for_served_name(served).name
+                                       if ep.is_emulated else None)
+    prior = endpoint_prior(ep.accelerator, served, tp, query.get("stack", "stock"), scale,
+                           ep.max_model_len, profile)
+    if prior.profile == UNKNOWN_MODEL_PROFILE.name and served not in _WARNED_UNKNOWN:
+        _WARNED_UNKNOWN.add(served)
+        log.warning("model %r is not in the catalog: its endpoints start from a conservative "
+                    "profile (the largest catalog model's costs) until the engine reports its "
+                    "capacity and the router has learned its speed", served)
+    return prior
+
+
+_WARNED_UNKNOWN: set[str] = set()
 
 
 def endpoints_of(pool: PoolConfig) -> list[Endpoint]:

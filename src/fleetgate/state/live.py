@@ -10,11 +10,18 @@ What it keeps, per endpoint:
   (scrapes are seconds stale; our own dispatches are not).
 - ``running``, ``kv_usage``: last scrape. Unknown (NaN) when the engine exports no metrics or
   the scrape is stale, never 0.
+- ``prefill_tokens_per_s``: prompt tokens this gateway sent the endpoint per second, as an
+  exponentially decaying count (time constant ``PREFILL_TAU_S``): how much of the engine's
+  time prompts take from the decodes (``routing/estimate.py``); ``prompt_tokens_mean`` and
+  ``output_tokens_mean``, the workload's request shape: EWMAs over every prompt sent and
+  every answer finished, and ``output_tokens_p2``, the 2nd percentile of answers (one value
+  each for the whole fleet).
 - EWMAs (alpha 0.2) of TTFT, TPOT (time per output token after the first), end-to-end
   latency, error rate, and the engine's output tokens/s (from counter deltas between
   scrapes); a window of the last 256 TTFT/TPOT samples for percentiles.
-- ``k_ttft``/``k_tpot``: learned corrections of the physics prior, updated with the ratio
-  of each measured value to the value the router predicted for that request.
+- ``k_ttft``/``k_tpot``: learned corrections of the physics prior (``learning.py``: from
+  pairs of measured and uncorrected predicted values, bounded in rate, relaxing toward the
+  prior when an endpoint gets no traffic).
 - the breaker (``block_until``: routing skips it until then) and the health state.
 - the rows a decision reads for every candidate, kept current as their inputs change (one
   scalar update per event instead of a vector operation over the fleet per request):
@@ -36,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from fleetgate.routing.estimate import prior_tpot
 from fleetgate.routing.types import (
     HEALTH_CODES,
     LIVE_COLUMNS,
@@ -48,10 +56,14 @@ from fleetgate.routing.types import (
     finite_or_none,
 )
 from fleetgate.state.breaker import CircuitBreaker, HealthTracker
+from fleetgate.state.learning import NO_SAMPLE, Corrections, Sample, SloLimits
+from fleetgate.state.prefix import CHUNK_TOKENS, PrefixIndex
 from fleetgate.state.prior import Prior
 
 ALPHA = 0.2
-K_LIMITS = (0.02, 50.0)
+PREFILL_TAU_S = 10.0
+WORKLOAD_ALPHA = 0.002  # request lengths are heavy-tailed: average over ~500
+QUANTILE_STEP = 0.05
 _ROW = LIVE_ROW
 _ROUTED = len(ROUTED_COLUMNS)
 _IN_FLIGHT, _PEER_IN_FLIGHT = _ROW["in_flight"], _ROW["peer_in_flight"]
@@ -65,7 +77,6 @@ _NOT_DESCRIBED = ("health", "block_until", "last_contact", "usable_from", "stale
 # when the prior is the same (same GPU, model, TP, speed).
 _CARRIED = ("queued", "running", "kv_usage", "ttft_s", "tpot_s", "tokens_per_s", "health",
             "block_until", "last_contact", "error_rate", "peer_in_flight", "peer_block_until")
-_CORRECTIONS = ("k_tpot", "k_ttft")
 _PRIOR_ROWS = [STATIC_ROW[name] for name in ("step_base_s", "step_per_ctx_token_s",
                                              "prefill_s_per_token")]
 
@@ -79,6 +90,7 @@ class EndpointStats:
     dispatched_since_scrape: int = 0
     scraped_waiting: float = math.nan
     last_scrape_at: float = -math.inf
+    prefill_at: float = -math.inf  # when prefill_tokens_per_s was last brought up to date
     last_gen_total: float = math.nan
     e2e_s: float = math.nan
     requests: int = 0
@@ -97,6 +109,7 @@ class LiveFleet:
         n = len(self.endpoints)
         self._live = np.full((len(LIVE_COLUMNS), n), np.nan)
         for name in ("in_flight", "queued", "health", "block_until", "error_rate",
+                     "prefill_tokens_per_s",
                      "peer_in_flight", "peer_block_until", "active", "usable_from"):
             self._live[_ROW[name]] = 0.0
         self._live[_ROW["k_tpot"]] = self._live[_ROW["k_ttft"]] = 1.0
@@ -107,6 +120,13 @@ class LiveFleet:
                                  [getattr(p, name) for p in priors] for name in STATIC_COLUMNS],
                                 dtype=float).reshape(len(STATIC_COLUMNS), n)
         self._static.setflags(write=False)
+        self.prefix = PrefixIndex(self.endpoints, self._static[STATIC_ROW["kv_capacity_tokens"]])
+        self._seen = {"prompt_tokens_mean": 0, "output_tokens_mean": 0}
+        self.k_ttft = Corrections(self._live[_ROW["k_ttft"]])
+        self.k_tpot = Corrections(self._live[_ROW["k_tpot"]])
+        same = [tuple(self._static[_PRIOR_ROWS, i]) for i in range(n)]
+        self.slo_limits = SloLimits(self._live[_ROW["slo_limit"]], [
+            [j for j in range(n) if j != i and same[j] == same[i]] for i in range(n)])
         self.stale_after_s = stale_after_s
         self.stats = [EndpointStats(CircuitBreaker(breaker_threshold, breaker_cooldown_s))
                       for _ in self.endpoints]
@@ -120,7 +140,7 @@ class LiveFleet:
     def snapshot(self, now: float) -> Snapshot:
         live = self._live[:_ROUTED].copy()
         live.setflags(write=False)  # no plugin can change what a decision was made on
-        return Snapshot(self.endpoints, self._by_model, live, self._static, now)
+        return Snapshot(self.endpoints, self._by_model, live, self._static, now, self.prefix)
 
     def column(self, name: str) -> Any:
         """A copy of one live or static column now (for metrics and tests)."""
@@ -140,6 +160,7 @@ class LiveFleet:
         make the router forget. In-flight counts stay with ``old``: its requests finish
         there, and the engine's scraped running + queued stands for them until the next
         scrape. Returns how many endpoints carried over."""
+        self.prefix.inherit(old.prefix)
         by_url = {ep.url: j for j, ep in enumerate(old.endpoints)}
         carried = 0
         for i, ep in enumerate(self.endpoints):
@@ -147,9 +168,11 @@ class LiveFleet:
             if j is None:
                 continue
             rows = [_ROW[name] for name in _CARRIED]
-            if np.array_equal(old._static[_PRIOR_ROWS, j], self._static[_PRIOR_ROWS, i]):
-                rows += [_ROW[name] for name in _CORRECTIONS]
             self._live[rows, i] = old._live[rows, j]
+            if np.array_equal(old._static[_PRIOR_ROWS, j], self._static[_PRIOR_ROWS, i]):
+                self.k_ttft.carry(i, old.k_ttft, j)
+                self.k_tpot.carry(i, old.k_tpot, j)
+                self.slo_limits.carry(i, old.slo_limits, j)
             was = old.stats[j]
             breaker = CircuitBreaker(self.stats[i].breaker.failure_threshold,
                                      self.stats[i].breaker.cooldown_s, was.breaker.state,
@@ -169,20 +192,35 @@ class LiveFleet:
         return carried
 
     # -- the gateway's own measurements ------------------------------------------------
-    def on_dispatch(self, i: int, now: float) -> None:
+    def on_dispatch(self, i: int, now: float, predicted_ttft_s: float | None = None,
+                    prompt_tokens: int = 0,
+                    slo_limits: tuple[float, float] = (math.inf, math.inf),
+                    prefix_hashes: Sequence[int] = ()) -> Sample:
+        """A request goes to endpoint ``i``; returns what its measurements are judged
+        against when it ends (``learning.Sample``). The prefix index records its prompt;
+        what the endpoint's cache already holds of it is not counted as prefill work."""
+        cached = self.prefix.record(i, prefix_hashes) * CHUNK_TOKENS
+        prompt_tokens = max(0, prompt_tokens - cached)
         self._live[_ROW["in_flight"], i] += 1
         self._live[_ROW["queued"], i] += 1
         st = self.stats[i]
         st.dispatched_since_scrape += 1
         st.requests += 1
         st.breaker.on_dispatch(now)
+        self._decay_prefill(i, now)
+        self._live[_ROW["prefill_tokens_per_s"], i] += prompt_tokens / PREFILL_TAU_S
+        if prompt_tokens:  # the workload's, not the endpoint's: the router's choices bias those
+            self._workload_mean("prompt_tokens_mean", prompt_tokens)
         if st.breaker.state == "half_open":
             self._live[_ROW["block_until"], i] = np.inf  # one probe request at a time
             self._derive_usable(i)
         self._derive_active(i)
+        k_ttft = self._live[_ROW["k_ttft"], i]
+        prior_ttft = math.nan if predicted_ttft_s is None else predicted_ttft_s / k_ttft
+        return Sample(prior_ttft, prompt_tokens, float(self._live[_ACTIVE, i]), *slo_limits)
 
-    def on_first_token(self, i: int, ttft_s: float | None,
-                       predicted_ttft_s: float | None) -> None:
+    def on_first_token(self, i: int, now: float, ttft_s: float | None,
+                       sample: Sample = NO_SAMPLE) -> None:
         """The engine started answering (``ttft_s`` None: a non-streamed answer arrived)."""
         self._live[_ROW["queued"], i] = max(0.0, self._live[_ROW["queued"], i] - 1)
         self._derive_active(i)
@@ -190,19 +228,30 @@ class LiveFleet:
             return
         self._ewma("ttft_s", i, ttft_s)
         self.stats[i].ttft_window.append(ttft_s)
-        self._learn("k_ttft", i, ttft_s, predicted_ttft_s)
+        self.k_ttft.learn(i, now, ttft_s, sample.prior_ttft_s)
 
     def on_finish(self, i: int, now: float, output_tokens: int, e2e_s: float,
-                  tpot_s: float | None, predicted_tpot_s: float | None) -> None:
+                  tpot_s: float | None, sample: Sample = NO_SAMPLE,
+                  ttft_s: float | None = None) -> None:
         """A request ended well (whole answer relayed)."""
+        met = sample.met(ttft_s, tpot_s)
+        if met is not None:
+            self.slo_limits.result(i, now, sample, met)
+        if tpot_s is not None and sample is not NO_SAMPLE:
+            batch = (sample.active + self._live[_ACTIVE, i]) / 2  # both counts include it
+            prior = prior_tpot(self._static, i, sample.prompt_tokens, output_tokens, batch,
+                               self._live[_ROW["prefill_tokens_per_s"], i])
+            self.k_tpot.learn(i, now, tpot_s, prior)
         self._release(i)
+        if output_tokens > 0:
+            self._workload_mean("output_tokens_mean", output_tokens)
+            self._workload_low_quantile("output_tokens_p2", output_tokens)
         st = self.stats[i]
         st.output_tokens += output_tokens
         st.e2e_s = e2e_s if math.isnan(st.e2e_s) else st.e2e_s + ALPHA * (e2e_s - st.e2e_s)
         if tpot_s is not None:
             self._ewma("tpot_s", i, tpot_s)
             st.tpot_window.append(tpot_s)
-            self._learn("k_tpot", i, tpot_s, predicted_tpot_s)
         self._ewma("error_rate", i, 0.0)
         self._live[_ROW["last_contact"], i] = now
         st.breaker.on_success()
@@ -273,6 +322,37 @@ class LiveFleet:
         self._derive_active(i)
         self._derive_usable(i)
 
+    def tick(self, now: float) -> None:
+        """The collector's period: forget stale scrapes, relax idle corrections."""
+        self.expire_scrapes(now)
+        for i in range(len(self.endpoints)):
+            self._decay_prefill(i, now)
+        self.k_ttft.relax(now)
+        self.k_tpot.relax(now)
+        self.slo_limits.relax(now)
+
+    def on_capacity(self, i: int, kv_capacity_tokens: float | None = None,
+                    max_batch: float | None = None, max_model_len: float | None = None) -> bool:
+        """What the engine reports about its capacity (read at the first contact and after a
+        restart) replaces the prior's guess in endpoint ``i``'s static columns; ``None`` (or
+        a non-positive value) keeps a column. Copy on write: the static matrix is shared by
+        every snapshot taken so far, which keep the one their decision was made on. Returns
+        whether anything changed."""
+        reported = (("kv_capacity_tokens", kv_capacity_tokens), ("max_batch", max_batch),
+                    ("max_model_len", max_model_len))
+        changes = [(STATIC_ROW[name], float(value)) for name, value in reported
+                   if value is not None and value > 0
+                   and self._static[STATIC_ROW[name], i] != float(value)]
+        if not changes:
+            return False
+        static = self._static.copy()
+        for row, value in changes:
+            static[row, i] = value
+        static.setflags(write=False)
+        self._static = static
+        self.prefix.resize(i, static[STATIC_ROW["kv_capacity_tokens"], i])
+        return True
+
     def expire_scrapes(self, now: float) -> None:
         """Forget scraped load older than ``stale_after_s`` (unknown, not zero)."""
         for i, st in enumerate(self.stats):
@@ -285,6 +365,33 @@ class LiveFleet:
     def _release(self, i: int) -> None:
         self._live[_ROW["in_flight"], i] = max(0.0, self._live[_ROW["in_flight"], i] - 1)
         self._derive_active(i)
+
+    def _workload_mean(self, name: str, value: float) -> None:
+        """One fleet-wide EWMA (every endpoint's column): a plain mean of the first
+        1 / WORKLOAD_ALPHA values, so the first request does not stand for the workload."""
+        self._seen[name] += 1
+        row = self._live[_ROW[name]]
+        old = 0.0 if np.isnan(row[0]) else row[0]
+        row[:] = old + max(WORKLOAD_ALPHA, 1 / self._seen[name]) * (value - old)
+
+    def _workload_low_quantile(self, name: str, value: float, q: float = 0.02) -> None:
+        """A running ``q``-quantile (stochastic approximation, steps relative to the value):
+        down by QUANTILE_STEP when a value falls below it, up by q/(1-q) of that otherwise,
+        so it rests where a share q of the values lies below."""
+        row = self._live[_ROW[name]]
+        old = row[0]
+        if np.isnan(old):
+            row[:] = value
+            return
+        step = QUANTILE_STEP * old
+        row[:] = max(1.0, old - step if value < old else old + step * q / (1 - q))
+
+    def _decay_prefill(self, i: int, now: float) -> None:
+        st = self.stats[i]
+        if now > st.prefill_at:
+            self._live[_ROW["prefill_tokens_per_s"], i] *= math.exp(
+                (st.prefill_at - now) / PREFILL_TAU_S)
+            st.prefill_at = now
 
     def _derive_active(self, i: int) -> None:
         """active = max(ours + peers', the engine's running + queued); NaN running -> ours."""
@@ -303,14 +410,6 @@ class LiveFleet:
         row = _ROW[name]
         old = self._live[row, i]
         self._live[row, i] = value if np.isnan(old) else old + ALPHA * (value - old)
-
-    def _learn(self, name: str, i: int, measured: float, predicted: float | None) -> None:
-        if predicted is None or predicted <= 0 or measured <= 0:
-            return
-        row = _ROW[name]
-        ratio = measured / predicted
-        k = self._live[row, i] * (1 + ALPHA * (ratio - 1))
-        self._live[row, i] = min(max(k, K_LIMITS[0]), K_LIMITS[1])
 
     def describe(self, i: int, now: float) -> dict[str, Any]:
         """Everything known about one endpoint, for /admin/endpoints."""

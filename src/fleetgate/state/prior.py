@@ -9,7 +9,12 @@ memory-bound decode regime where serving lives (batch well below the compute rid
     prefill(n)         ~  step_base_s + prefill_s_per_token * n
     prefill_s_per_token = 2 * P_active / (TP * eta_fl * F)
 
-with B sequences of C context tokens each. The router multiplies these by a correction it
+with B sequences of C context tokens each. The model's shape comes from the catalog
+profile the served name names (``known_profile``); a name the catalog does not know gets
+``UNKNOWN_MODEL_PROFILE`` (the largest catalog model's per-token costs, context unknown) and
+``profile`` says so, for the one warning the fleet logs. The capacity part (KV tokens, batch
+cap, context) is only the guess before the first contact: the collector replaces it with
+what the engine reports (``LiveFleet.on_capacity``). The router multiplies these by a correction it
 learns online (measured / predicted), so a wrong prior (another software stack, a CPU
 engine, an emulator running X times faster) is corrected after a few requests; ``time_scale``
 lets the gateway start from the right scale when it knows it (emulated engines' ``speed``).
@@ -22,10 +27,15 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from fleetgate.catalog.gpus import GPUS
-from fleetgate.catalog.models import MODEL_PROFILES, profile_for_served_name
+from fleetgate.catalog.models import MODEL_PROFILES, UNKNOWN_MODEL_PROFILE, known_profile
 from fleetgate.catalog.roofline import StepLoad, kv_capacity_tokens, step_seconds
 
 MAX_NUM_SEQS = 256  # vLLM's default max_num_seqs; SGLang's is similar in practice
+# An engine that runs at all holds at least one sequence this long: the KV guess for an
+# unknown model never goes below it (the conservative profile's weights may leave no room
+# on paper).
+MIN_KV_TOKENS = 4096
+UNKNOWN_CONTEXT = 1e9  # no context limit known: context_fit keeps the endpoint
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,11 +46,12 @@ class Prior:
     kv_capacity_tokens: float
     max_batch: float
     max_model_len: float
+    profile: str = ""  # the catalog profile the costs come from ("" = unknown accelerator)
 
 
 # An engine on an unknown accelerator (a CPU test server): deliberately pessimistic, the
 # learned correction takes over within a few requests.
-UNKNOWN_PRIOR = Prior(0.05, 1e-7, 1e-3, 65536.0, 64.0, 1e9)
+UNKNOWN_PRIOR = Prior(0.05, 1e-7, 1e-3, 65536.0, 64.0, UNKNOWN_CONTEXT)
 
 
 def endpoint_prior(accelerator: str, served_model: str, tp: int = 1, stack: str = "stock",
@@ -48,9 +59,9 @@ def endpoint_prior(accelerator: str, served_model: str, tp: int = 1, stack: str 
                    profile_name: str | None = None) -> Prior:
     gpu = GPUS.get(accelerator)
     if gpu is None:
-        return replace(UNKNOWN_PRIOR, max_model_len=float(max_model_len or 1e9))
+        return replace(UNKNOWN_PRIOR, max_model_len=float(max_model_len or UNKNOWN_CONTEXT))
     profile = (MODEL_PROFILES[profile_name] if profile_name in MODEL_PROFILES
-               else profile_for_served_name(served_model))
+               else known_profile(served_model) or UNKNOWN_MODEL_PROFILE)
     base = step_seconds(gpu, profile, StepLoad(1, 0.0, 0.0), tp, stack)
     bandwidth = gpu.eta_bw.get(stack) * gpu.hbm_tb_s * 1e12
     flops = gpu.eta_fl.get(stack) * gpu.peak_flops(profile.bytes_per_weight)
@@ -58,7 +69,9 @@ def endpoint_prior(accelerator: str, served_model: str, tp: int = 1, stack: str 
         step_base_s=base * time_scale,
         step_per_ctx_token_s=profile.kv_bytes_per_token / (tp * bandwidth) * time_scale,
         prefill_s_per_token=2 * profile.active_params / (tp * flops) * time_scale,
-        kv_capacity_tokens=float(kv_capacity_tokens(gpu, profile, tp)),
+        kv_capacity_tokens=float(max(kv_capacity_tokens(gpu, profile, tp),
+                                     MIN_KV_TOKENS if profile is UNKNOWN_MODEL_PROFILE else 0)),
         max_batch=float(MAX_NUM_SEQS),
-        max_model_len=float(max_model_len or profile.max_model_len),
+        max_model_len=float(max_model_len or profile.max_model_len or UNKNOWN_CONTEXT),
+        profile=profile.name,
     )

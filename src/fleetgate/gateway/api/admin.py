@@ -2,7 +2,11 @@
 
 - ``GET /admin/endpoints``: every endpoint's health, breaker, queue, in-flight, TTFT/TPOT
   (EWMA and p50/p95), measured tokens/s, the learned prior corrections, and its price as
-  $/Mtok (replica $/s over measured tokens/s) and tokens per $; then the same per pool.
+  $/Mtok (replica $/s over measured tokens/s) and tokens per $; its capacity columns
+  (``kv_capacity_tokens``, ``max_batch``, ``max_model_len``: the engine's report once read,
+  else the prior's guess), ``reported_capacity`` (what the engine reported, null before) and
+  ``prior_profile`` (the catalog profile of the prior; ``unknown-conservative`` for a model
+  the catalog does not know); then the same per pool.
 - ``GET /admin/decisions?limit=N&candidates=K``: the last N routing decisions, newest
   first, each with every candidate (or its best K) and their per-scorer scores and
   estimates, the rejected endpoints with the reason, the chosen endpoint and the reason.
@@ -37,6 +41,7 @@ from fleetgate.gateway.api.schemas import (
 from fleetgate.gateway.errors import envelope
 from fleetgate.gateway.state import AppState
 from fleetgate.gateway.telemetry.routes import telemetry_of
+from fleetgate.state.fleet import prior_of
 
 
 def _state(request: Request) -> AppState:
@@ -56,6 +61,9 @@ def endpoint_rows(state: AppState) -> list[dict[str, Any]]:
             "price_per_gpu_hour": ep.price_per_gpu_hour, "models": dict(ep.models),
         }
         row.update(fleet.live.describe(i, now))
+        reported = fleet.collector.capacity.get(ep.id) if fleet.collector else None
+        row["reported_capacity"] = reported.as_dict() if reported is not None else None
+        row["prior_profile"] = prior_of(ep).profile or None
         row.update(_unit_costs(ep.price_per_replica_hour, row.get("tokens_per_s")))
         rows.append(row)
     return rows

@@ -50,7 +50,9 @@ async def _proxy(request: Request, api: Api) -> Response:
     principal.check_model(routing.model)
     prepared = ProxyRequest(api, routing, body, request_id, wants_usage(body),
                             request.headers.get("traceparent"),
-                            await state.limits.admit(principal))
+                            await state.limits.admit(principal),
+                            principal.priority_for(request.headers.get("x-priority")),
+                            principal.weight)
     return await state.proxy.handle(prepared)
 
 

@@ -147,6 +147,14 @@ class EndpointRow(_Open):
     tokens_per_s: float | None = None
     usd_per_mtok: float | None = None
     tokens_per_usd: float | None = None
+    kv_capacity_tokens: float | None = None
+    max_batch: float | None = None
+    max_model_len: float | None = None
+    reported_capacity: dict[str, Any] | None = Field(
+        default=None, description="what the engine reported about its capacity (null before "
+        "the first read): kv_capacity_tokens, block_size, max_model_len, max_batch, "
+        "architecture, kv_bytes_per_token, weight_bytes")
+    prior_profile: str | None = None
 
 
 class PoolRow(_Open):

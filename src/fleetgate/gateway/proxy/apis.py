@@ -45,6 +45,7 @@ class Api:
     usage_in: str
     usage_out: str | None
     asks_usage: bool  # add stream_options.include_usage upstream
+    prompt_param: str = "messages"  # the prompt's field: what a context_length_exceeded names
 
     def usage(self, raw: dict[str, Any] | None) -> dict[str, int] | None:
         """The engine's usage object in chat terms (prompt/completion/total tokens)."""
@@ -98,11 +99,13 @@ APIS: dict[str, Api] = {a.name: a for a in (
     Api("chat", "/v1/chat/completions", True, _DONE, None, "prompt_tokens",
         "completion_tokens", True),
     Api("completions", "/v1/completions", True, _DONE, None, "prompt_tokens",
-        "completion_tokens", True),
+        "completion_tokens", True, "prompt"),
     Api("responses", "/v1/responses", True,
         (b'"type":"response.completed"', b'"type":"response.incomplete"',
-         b'"type":"response.failed"'), b'.delta"', "input_tokens", "output_tokens", False),
+         b'"type":"response.failed"'), b'.delta"', "input_tokens", "output_tokens", False,
+        "input"),
     Api("messages", "/v1/messages", True, (b'"type":"message_stop"',),
         b'"type":"content_block_delta"', "input_tokens", "output_tokens", False),
-    Api("embeddings", "/v1/embeddings", False, (), None, "prompt_tokens", None, False),
+    Api("embeddings", "/v1/embeddings", False, (), None, "prompt_tokens", None, False,
+        "input"),
 )}

@@ -4,7 +4,8 @@ The gateway's own measurements feed routing: TTFT at the first frame that carrie
 (``apis.py`` says which, per API), TPOT as the time between the first and last token over
 the tokens in between, end-to-end time; for a non-streamed answer only the whole time is
 known, so TPOT is (e2e - predicted TTFT) / (tokens - 1). Each measurement is also compared
-with the router's prediction for this request, which is how the prior learns.
+with the uncorrected prior for the conditions this request met (``state/learning.py``),
+which is how the prior learns.
 
 Exactly one of ``finished`` / ``failed`` / ``cancelled`` takes effect per attempt.
 
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleetgate.gateway.proxy.observer import AttemptObserver, AttemptResult
 from fleetgate.routing import Endpoint
+from fleetgate.state.learning import Sample
 from fleetgate.state.live import LiveFleet
 
 if TYPE_CHECKING:
@@ -34,9 +36,11 @@ class Attempt:
     clock: Callable[[], float]
     t0: float
     predicted_ttft_s: float | None
-    predicted_tpot_s: float | None
+    sample: Sample
     observer: AttemptObserver
+    released: Callable[[], None]  # after the live state has seen the end
     in_flight_at_start: float = 1.0
+    predicted_e2e_s: float | None = None
     first_at: float | None = None
     ended: bool = False
 
@@ -48,15 +52,18 @@ class Attempt:
         ep = fleet.endpoints[i]
         served = ep.models[ex.req.routing.model]
         now = fleet.clock()
-        fleet.live.on_dispatch(i, now)
-        return cls(fleet.live, i, ep, served, fleet.clock, now,
-                   decision.estimate("ttft_s", position), decision.estimate("tpot_s", position),
-                   ex.obs.attempt(ep, served, number), fleet.live.value(i, "in_flight"))
+        ttft = decision.estimate("ttft_s", position)
+        routing = ex.req.routing
+        sample = fleet.live.on_dispatch(i, now, ttft, routing.prompt_tokens_estimate,
+                                        decision.slo_limits(position), routing.prefix_hashes)
+        return cls(fleet.live, i, ep, served, fleet.clock, now, ttft, sample,
+                   ex.obs.attempt(ep, served, number), ex.released,
+                   fleet.live.value(i, "in_flight"), decision.estimate("e2e_s", position))
 
     def first_token(self) -> None:
         self.first_at = self.clock()
         ttft = self.first_at - self.t0
-        self.live.on_first_token(self.i, ttft, self.predicted_ttft_s)
+        self.live.on_first_token(self.i, self.first_at, ttft, self.sample)
         self.observer.first_token(ttft)
 
     def finished(self, usage: dict[str, Any] | None, status: int = 200) -> None:
@@ -65,25 +72,28 @@ class Attempt:
         now = self.clock()
         tokens = int((usage or {}).get("completion_tokens") or 0)
         if self.first_at is None:  # non-streamed: only the whole time is known
-            self.live.on_first_token(self.i, None, None)
+            self.live.on_first_token(self.i, now, None)
             start = self.t0 + (self.predicted_ttft_s or 0.0)
         else:
             start = self.first_at
         tpot = (now - start) / (tokens - 1) if tokens > 1 and now > start else None
         concurrency = (self.in_flight_at_start + self.live.value(self.i, "in_flight")) / 2
-        self.live.on_finish(self.i, now, tokens, now - self.t0, tpot, self.predicted_tpot_s)
         ttft = None if self.first_at is None else self.first_at - self.t0
+        self.live.on_finish(self.i, now, tokens, now - self.t0, tpot, self.sample, ttft)
+        self.released()
         self.observer.finished(AttemptResult(status, usage, ttft, now - self.t0,
                                              max(1.0, concurrency)))
 
     def failed(self, status: int, error: str, counts_against_engine: bool = True) -> None:
         if self._end():
             self.live.on_failure(self.i, self.clock(), counts_against_engine)
+            self.released()
             self.observer.failed(status, error)
 
     def cancelled(self) -> None:
         if self._end():
             self.live.on_cancel(self.i)
+            self.released()
             self.observer.cancelled()
 
     def refused(self) -> None:

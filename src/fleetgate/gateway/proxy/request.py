@@ -29,6 +29,8 @@ class ProxyRequest:
     client_wants_usage: bool = False
     traceparent: str | None = None
     admission: Admission | None = None  # the caller's limits to settle; None: no limits
+    priority: str = "normal"  # state.admission.PRIORITIES: who waits and who is shed first
+    weight: float = 1.0  # the tenant's share when requests wait (weighted fair queuing)
 
     @property
     def path(self) -> str:

@@ -6,9 +6,10 @@ a stream has started nothing is retried: an upstream failure ends it with an err
 in the API's own shape (``apis.py``). Every API (chat, completions, responses, messages,
 embeddings) takes this path; they differ only in data.
 
-Load shedding: when the policy has an SLO that no endpoint is predicted to meet, requests
-marked ``x-priority: low`` get 429 with ``Retry-After`` instead of queueing without bound;
-the others go to the fastest endpoint.
+Admission (``admission.py``, ``state/admission.py``): when every endpoint serving the model
+is past its SLO capacity, a high-priority request goes to the fastest endpoint at once;
+normal and low ones wait in a bounded, fair queue for a slot (normal first), or get 429
+with ``Retry-After`` when the wait would not fit the policy's TTFT SLO.
 
 Relay rules: the engine's bytes go to the client unchanged except the ``model`` field (the
 served name becomes the public one). Chat and completions streams always ask the engine for
@@ -21,6 +22,7 @@ Must not touch: request parsing (``api/``), app wiring.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,8 +34,14 @@ from starlette.responses import Response, StreamingResponse
 from fleetgate.backends.relay import Backend, Timeouts, UpstreamError, UpstreamResponse
 from fleetgate.catalog.engines import translate_guided
 from fleetgate.gateway.decisions import DecisionEntry, DecisionLog
-from fleetgate.gateway.errors import GatewayError, NoCapacity, Overloaded, json_error
+from fleetgate.gateway.errors import (
+    GatewayError,
+    NoCapacity,
+    context_length_exceeded,
+    json_error,
+)
 from fleetgate.gateway.errors import normalise_upstream_error as normalise
+from fleetgate.gateway.proxy.admission import FlowControl
 from fleetgate.gateway.proxy.attempt import Attempt
 from fleetgate.gateway.proxy.observer import NOOP, Observer, RequestObserver
 from fleetgate.gateway.proxy.outcome import (
@@ -45,7 +53,8 @@ from fleetgate.gateway.proxy.outcome import (
 )
 from fleetgate.gateway.proxy.request import ProxyRequest
 from fleetgate.gateway.proxy.stream import open_stream
-from fleetgate.routing import Router
+from fleetgate.routing import Router, RoutingRequest
+from fleetgate.state.admission import room
 from fleetgate.state.fleet import Fleet
 
 log = logging.getLogger("fleetgate.proxy")
@@ -58,6 +67,7 @@ class Generation:
     fleet: Fleet
     router: Router
     max_attempts: dict[str, int] = field(default_factory=dict)  # policy -> attempts
+    first_byte_s: dict[str, float | None] = field(default_factory=dict)  # policy -> deadline
 
 
 @dataclass(slots=True)
@@ -68,6 +78,8 @@ class Exchange:
     gen: Generation
     entry: DecisionEntry
     obs: RequestObserver
+    released: Callable[[], None]  # an attempt ended: a waiting request may go
+
 
 
 class ProxyService:
@@ -78,6 +90,7 @@ class ProxyService:
         self._timeouts = timeouts
         self.decisions = decisions
         self.observer = observer
+        self.flow = FlowControl(self._room)
 
     async def handle(self, req: ProxyRequest) -> Response:
         obs = self.observer.request(req)
@@ -96,12 +109,18 @@ class ProxyService:
     async def _route_and_relay(self, req: ProxyRequest, obs: RequestObserver) -> Response:
         gen = self._generation()  # one read: a reload mid-request changes nothing here
         decision = gen.router.route(req.routing, gen.fleet.snapshot())
-        ex = Exchange(req, gen, self.decisions.record(req.request_id, decision), obs)
+        if decision.context_limit is not None:  # fits no endpoint: a 400 (SDKs retry a 503)
+            self.decisions.record(req.request_id, decision)
+            raise context_length_exceeded(
+                decision.context_limit, req.routing.prompt_tokens_estimate,
+                req.routing.max_tokens if req.api.usage_out else None, req.api.prompt_param)
+        key = (req.routing.model, req.routing.api)
+        if req.priority != "high" and (room(decision) == 0 or self.flow.waiting(key)):
+            await self.flow.wait(req.routing, req.priority, req.weight, decision)
+            decision = gen.router.route(req.routing, gen.fleet.snapshot())
+        ex = Exchange(req, gen, self.decisions.record(req.request_id, decision), obs,
+                      lambda: self.flow.released(key))
         obs.routed(decision)
-        if decision.over_capacity and req.routing.headers.get("x-priority") == "low":
-            raise Overloaded("every endpoint serving this model is past its SLO capacity; "
-                             "low-priority requests are shed (retry later)",
-                             headers={"retry-after": "1"})
         if not len(decision.order):
             raise NoCapacity(f"no endpoint can serve model {req.routing.model!r} now "
                              f"({decision.reason})")
@@ -127,19 +146,37 @@ class ProxyService:
         assert last is not None
         raise exhausted(last, len(attempts))
 
+    def _room(self, routing: RoutingRequest) -> int | None:
+        gen = self._generation()
+        return room(gen.router.route(routing, gen.fleet.snapshot()))
+
     async def _relay(self, ex: Exchange, attempt: Attempt) -> Response:
         ep, req = attempt.ep, ex.req
         headers = {"content-type": "application/json", "x-request-id": req.request_id}
         if req.traceparent:
             headers["traceparent"] = req.traceparent
         headers.update(attempt.observer.headers())
+        limit = _first_byte_limit(ex, attempt)
+        resp: UpstreamResponse | None = None
         try:
-            resp = await self._backend.post(ep.url + req.path, _upstream_body(req, attempt),
-                                            headers, self._timeouts)
-        except UpstreamError as exc:
-            if exc.kind == "connect":
-                attempt.refused()
-            raise transport_failure(exc, ep.id) from None
+            async with asyncio.timeout(limit):
+                try:
+                    resp = await self._backend.post(ep.url + req.path,
+                                                    _upstream_body(req, attempt), headers,
+                                                    self._timeouts)
+                except UpstreamError as exc:
+                    if exc.kind == "connect":
+                        attempt.refused()
+                    raise transport_failure(exc, ep.id) from None
+                return await self._answer(ex, attempt, resp)
+        except TimeoutError:  # only asyncio.timeout's: the relay turns its own into 504s
+            if resp is not None:
+                resp.close()
+            raise RetryableFailure(504, f"{ep.id}: no first byte within {limit:.1f} s "
+                                        "(hung engine?)") from None
+
+    async def _answer(self, ex: Exchange, attempt: Attempt, resp: UpstreamResponse) -> Response:
+        ep, req = attempt.ep, ex.req
         out_headers = {"x-fleetgate-pool": ep.pool, "x-fleetgate-endpoint": ep.id,
                        "x-fleetgate-policy": ex.entry.decision.policy,
                        "x-request-id": req.request_id}
@@ -149,6 +186,16 @@ class ProxyService:
         if not req.routing.stream:
             return await _relay_body(resp, ex, attempt, rewrite, out_headers)
         return await open_stream(resp, ex, attempt, rewrite, out_headers)
+
+
+def _first_byte_limit(ex: Exchange, attempt: Attempt) -> float | None:
+    """How long this attempt may go without its first byte (None: the read timeout only).
+    A stream's first byte is its first frame; a whole answer's is its last, so that limit
+    adds four times the predicted generation."""
+    limit = ex.gen.first_byte_s.get(ex.entry.decision.policy)
+    if limit is None or ex.req.routing.stream:
+        return limit
+    return limit + 4 * (attempt.predicted_e2e_s or 0.0)
 
 
 def _upstream_body(req: ProxyRequest, attempt: Attempt) -> bytes:

@@ -25,6 +25,7 @@ from fleetgate.routing.plugins import (
     max_queue,
     meets_slo,
     pickers,
+    prefix_cache,
     queue,
     select,
     slo,
@@ -52,6 +53,7 @@ SCORERS: dict[str, Plugin] = {
     "queue": Plugin(queue.queue, NoParams),
     "kv_headroom": Plugin(kv_headroom.kv_headroom, NoParams),
     "affinity": Plugin(affinity.affinity, NoParams),
+    "prefix_cache": Plugin(prefix_cache.prefix_cache, prefix_cache.PrefixCacheParams),
 }
 PICKERS: dict[str, type] = {
     "max_score": pickers.MaxScore,

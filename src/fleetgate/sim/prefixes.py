@@ -1,0 +1,51 @@
+"""Synthetic prompt hashes for simulated requests: shared prefixes hash alike, the rest never.
+
+A request of prefix group g (``workload.requests.prefix``) starts with the group's
+``prefix_tokens`` tokens, then its own. Two sets of chained hashes follow from that, with no
+prompt text:
+
+* the engine's prefix-cache blocks (``emulator/prefixcache.py``, ``BLOCK_TOKENS`` each), for
+  the replica (``EngineSim.add``);
+* the router's chunks (``routing/plugins/prefix_cache.py``, ``CHUNK_TOKENS`` each), for the
+  ``prefix_cache`` scorer and the prefix index, as the gateway computes from the text.
+
+Block j of a group's prefix hashes the same for every request of the group; a block that
+reaches into a request's own tokens is unique to that request (so it fills caches, and
+never hits). Hashes are plain integers, so a run is deterministic. A request without a
+group (a trace, a workload without ``prefix``) has unique blocks only.
+
+May touch: numpy, the request set. Must not touch: the router, the engine model, I/O.
+"""
+
+from __future__ import annotations
+
+from fleetgate.emulator.prefixcache import BLOCK_TOKENS
+from fleetgate.routing.plugins.prefix_cache import CHUNK_TOKENS
+from fleetgate.sim.arrivals import RequestSet
+
+_SPAN = 1 << 20  # blocks per prompt at most (far beyond any context length)
+_SHARED = 1 << 62  # group hashes live above this, request-unique ones below
+
+
+class SimPrefixes:
+    def __init__(self, requests: RequestSet) -> None:
+        self._req = requests
+        self._shared: dict[tuple[int, int], tuple[int, ...]] = {}  # (size, group) -> hashes
+
+    def engine_blocks(self, r: int) -> tuple[int, ...]:
+        return self._hashes(r, BLOCK_TOKENS)
+
+    def routing_chunks(self, r: int) -> tuple[int, ...]:
+        return self._hashes(r, CHUNK_TOKENS)
+
+    def _hashes(self, r: int, size: int) -> tuple[int, ...]:
+        req = self._req
+        total = int(req.prompt_tokens[r]) // size
+        group = int(req.prefix_group[r])
+        shared: tuple[int, ...] = ()
+        if group >= 0 and req.prefix_tokens >= size:
+            key = (size, group)
+            shared = self._shared.get(key) or self._shared.setdefault(key, tuple(range(
+                _SHARED + group * _SPAN, _SHARED + group * _SPAN + req.prefix_tokens // size)))
+        own = (r + 1) * _SPAN + len(shared)
+        return shared + tuple(range(own, own + total - len(shared)))

@@ -1,0 +1,104 @@
+"""The approximate prefix index: which prompt chunks each endpoint was recently sent.
+
+The gateway cannot see an engine's prefix cache, so it remembers what it sent (as SGLang's
+cache-aware router and llm-d's prefix scorer do): per endpoint, an LRU of the chained chunk
+hashes of the prompts dispatched to it (``RoutingRequest.prefix_hashes``), bounded by what
+its KV cache can hold (``kv_capacity_tokens / CHUNK_TOKENS`` chunks). The engine keeps at most
+that much, usually less (running requests use part of it), so the index is optimistic; it
+is a routing hint, never a promise.
+
+``record(i, hashes)`` on every dispatch (``Attempt.start``, the simulator's ``_try_next``);
+``matched(hashes, count)`` for the ``prefix_cache`` scorer: how many leading chunks each
+endpoint holds. A chunk's owners are a bit set (one Python int, bit i = endpoint i), so a
+lookup is one dict read and one AND per matched chunk, however many endpoints there are.
+A prompt's chunks are recorded tail first, so its head is the most recently used and is
+evicted last: an endpoint that holds chunk i holds chunks 0..i-1 too (as a radix tree
+would), and the walk can stop at the first chunk nobody holds.
+
+Positions are the ``LiveFleet``'s; ``inherit`` carries the entries of endpoints that are
+still there (matched by URL) into a new fleet's index on a reload.
+
+May touch: numpy, routing types. Must not touch: I/O, asyncio, clocks.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import numpy as np
+
+from fleetgate.routing.plugins.prefix_cache import CHUNK_TOKENS
+from fleetgate.routing.types import Endpoint, FloatArray
+
+
+class PrefixIndex:
+    def __init__(self, endpoints: Sequence[Endpoint], kv_capacity_tokens: Sequence[float]) -> None:
+        self._keys = [ep.url or ep.id for ep in endpoints]
+        self._capacity = [max(1, int(c // CHUNK_TOKENS)) if c == c else 1
+                          for c in kv_capacity_tokens]  # NaN (unknown): 1 chunk
+        self._lru: list[OrderedDict[int, None]] = [OrderedDict() for _ in endpoints]
+        self._owners: dict[int, int] = {}  # chunk hash -> bit set of endpoints holding it
+
+    def record(self, i: int, hashes: Sequence[int]) -> int:
+        """Endpoint ``i`` was sent a prompt with these chunk hashes; returns how many leading
+        chunks it held already (the prefill its cache saves, in chunks)."""
+        if not hashes:
+            return 0
+        lru, owners, bit = self._lru[i], self._owners, 1 << i
+        held = 0
+        while held < len(hashes) and hashes[held] in lru:
+            held += 1
+        for h in reversed(hashes):  # the head last: most recent, evicted last
+            if h in lru:
+                lru.move_to_end(h)
+            else:
+                lru[h] = None
+                owners[h] = owners.get(h, 0) | bit
+        while len(lru) > self._capacity[i]:
+            self._drop(lru.popitem(last=False)[0], bit)
+        return held
+
+    def matched(self, hashes: Sequence[int], count: int) -> FloatArray:
+        """How many leading ``hashes`` each of the first ``count`` endpoints holds."""
+        out = np.zeros(count)
+        owners = self._owners
+        held = owners.get(hashes[0], 0) if hashes else 0
+        depth = 0
+        while held:
+            depth += 1
+            now = owners.get(hashes[depth], 0) & held if depth < len(hashes) else 0
+            gone = held & ~now  # held the first ``depth`` chunks, not the next
+            while gone:
+                low = gone & -gone
+                i = low.bit_length() - 1
+                if i < count:
+                    out[i] = depth
+                gone ^= low
+            held = now
+        return out
+
+    def resize(self, i: int, kv_capacity_tokens: float) -> None:
+        """Endpoint ``i`` reported its KV capacity: hold that many tokens' chunks."""
+        self._capacity[i] = max(1, int(kv_capacity_tokens // CHUNK_TOKENS))
+        lru, bit = self._lru[i], 1 << i
+        while len(lru) > self._capacity[i]:
+            self._drop(lru.popitem(last=False)[0], bit)
+
+    def size(self, i: int) -> int:
+        return len(self._lru[i])
+
+    def inherit(self, old: PrefixIndex) -> None:
+        """Take over ``old``'s entries for the endpoints (by URL) that are still here."""
+        where = {key: j for j, key in enumerate(old._keys)}
+        for i, key in enumerate(self._keys):
+            j = where.get(key)
+            if j is not None and old._lru[j]:
+                self.record(i, list(old._lru[j])[::-1])  # same order, trimmed to fit
+
+    def _drop(self, h: int, bit: int) -> None:
+        left = self._owners[h] & ~bit
+        if left:
+            self._owners[h] = left
+        else:
+            del self._owners[h]

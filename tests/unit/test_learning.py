@@ -1,0 +1,161 @@
+"""The learned corrections converge, stay bounded and let a recovered endpoint back in."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+from routing_fixtures import make_fleet, pipeline, request, serve
+
+from fleetgate.routing.estimate import prior_tpot
+from fleetgate.state.learning import (
+    IDLE_S,
+    K_LIMITS,
+    MAX_LOG_RATE,
+    Corrections,
+    Sample,
+    SloLimits,
+)
+from fleetgate.state.live import LiveFleet
+
+
+def probed(live: LiveFleet, now: float) -> LiveFleet:
+    """Every endpoint answered its health probe at ``now`` (its state is fresh)."""
+    for j in range(len(live.endpoints)):
+        live.on_probe(j, now, True, "200")
+    return live
+
+
+def corrections(n: int = 1) -> Corrections:
+    return Corrections(np.ones(n))
+
+
+def test_concurrent_completions_do_not_compound() -> None:
+    """48 streams dispatched together, each 2x slower than the prior, finishing together:
+    the old rule multiplied k 48 times; now k moves like one sample."""
+    k = corrections()
+    for _ in range(48):
+        k.learn(0, now=10.0, measured=2.0, prior=1.0)
+    assert 1.0 < k.k[0] <= 2.0 ** 0.2 + 1e-9
+    for burst in range(30):  # the same burst every 5 s: k converges to the ratio, no further
+        for _ in range(48):
+            k.learn(0, now=15.0 + 5 * burst, measured=2.0, prior=1.0)
+    assert k.k[0] == pytest.approx(2.0, rel=0.01)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_corrections_stay_within_the_measured_ratios(seed: int) -> None:
+    """Any interleaving of samples keeps k between the smallest and largest ratio seen
+    (and within K_LIMITS), and it never moves faster than MAX_LOG_RATE allows."""
+    rng = random.Random(seed)
+    k = corrections()
+    now, lo, hi = 0.0, 1.0, 1.0
+    for _ in range(500):
+        now += rng.choice([0.0, 0.0, 0.001, 0.05, 1.0, 30.0])
+        ratio = math.exp(rng.uniform(-3, 3)) if rng.random() < 0.1 else rng.uniform(0.5, 3)
+        before, last = k.k[0], k.last_step[0]
+        k.learn(0, now, measured=ratio, prior=1.0)
+        lo, hi = min(lo, ratio), max(hi, ratio)
+        assert lo - 1e-9 <= k.k[0] <= hi + 1e-9
+        assert K_LIMITS[0] <= k.k[0] <= K_LIMITS[1]
+        if last > -math.inf:
+            assert abs(math.log(k.k[0] / before)) <= MAX_LOG_RATE * (now - last) + 1e-9
+
+
+def test_an_idle_endpoint_relaxes_to_the_prior() -> None:
+    k = corrections()
+    for t in range(60):
+        k.learn(0, float(t), measured=5.0, prior=1.0)
+    assert k.k[0] > 4.0
+    k.relax(60.0)  # under IDLE_S: unchanged
+    assert k.k[0] > 4.0
+    for t in range(61, 60 + int(IDLE_S) + 120, 5):
+        k.relax(float(t))
+    assert k.k[0] < 1.1
+
+
+def test_a_slowed_then_recovered_endpoint_gets_its_traffic_back() -> None:
+    """The cheapest pool answers 5x slow: the latency policy moves off it; once it has
+    recovered, the correction relaxes without traffic and a few requests re-learn 1."""
+    live = make_fleet()
+    pipe = pipeline("latency")
+    fastest = pipe.route(request(), live.snapshot(0)).chosen
+    assert fastest is not None
+    i = live.index[fastest.id]
+    for t in range(30):
+        serve(live, i, float(t), slower=5.0)
+    assert live.value(i, "k_tpot") > 3
+    assert pipe.route(request(), probed(live, 30).snapshot(30)).chosen.id != fastest.id
+    for t in range(31, 200, 2):  # no traffic: the collector's ticks relax it
+        probed(live, t).tick(float(t))
+    assert pipe.route(request(), live.snapshot(200)).chosen.id == fastest.id
+    for t in range(200, 230):  # it is healthy again: what it learns now is ~1
+        serve(live, i, float(t), slower=1.0)
+    assert live.value(i, "k_tpot") == pytest.approx(1.0, abs=0.1)
+
+
+def test_bursts_keep_the_cheap_pool_usable_afterwards() -> None:
+    """Two bursts of 48 concurrent streams of 300 tokens on the cheapest pool, then light
+    requests (issue 12's scenario). Each stream's TPOT is what the prior says for a batch of
+    48, more than was predicted at its dispatch (the batch grew under it): the old rule
+    multiplied k by 1 + 0.2 * (ratio - 1) per completion, 96 times, to its cap; now k stays
+    near 1 and the light requests go back."""
+    live = make_fleet()
+    pipe = pipeline("cost", slo={"ttft_ms": 2000, "tpot_ms": 50})
+    cheapest = pipe.route(request(), live.snapshot(0)).chosen
+    assert cheapest is not None
+    i = live.index[cheapest.id]
+    static = live.snapshot(0).static
+    for start in (1.0, 20.0):
+        samples = [live.on_dispatch(i, start, 0.05, 500) for _ in range(48)]
+        tpot = prior_tpot(static, i, 500, 300, 48, live.value(i, "prefill_tokens_per_s"))
+        old_rule = (1 + 0.2 * (tpot / prior_tpot(static, i, 500, 300, 1, 0.0) - 1)) ** 96
+        assert old_rule > 10
+        for s in samples:
+            live.on_first_token(i, start + 0.5, 0.3, s)
+            live.on_finish(i, start + 0.5 + 300 * tpot, 300, 0.5 + 300 * tpot, tpot, s, 0.3)
+    assert 0.8 < live.value(i, "k_tpot") < 1.25
+    chosen = [pipe.route(request(), probed(live, 40 + t).snapshot(40 + t)).chosen
+              for t in range(30)]
+    assert sum(c is not None and c.id == cheapest.id for c in chosen) >= 27
+
+
+def sample(active: float) -> Sample:
+    return Sample(math.nan, 500, active, ttft_limit_s=1.0, tpot_limit_s=0.05)
+
+
+def test_slo_limit_ignores_a_tail_and_reacts_to_overload() -> None:
+    limits = SloLimits(np.full(3, np.nan), siblings=[[1], [0], []])
+    now = 0.0
+    for r in range(1000):  # 0.2% misses: the workload's tail, no limit
+        now += 0.1
+        limits.result(0, now, sample(40), met=r % 500 != 0)
+    assert math.isnan(limits.limit[0])
+    for _ in range(20):  # overload: most requests at concurrency 80 miss
+        now += 0.1
+        limits.result(0, now, sample(80), met=False)
+    assert limits.limit[0] == pytest.approx(72)  # one decrease in those 2 s
+    assert limits.limit[1] == limits.limit[0]  # its sibling believes it
+    assert math.isnan(limits.limit[2])  # another kind of endpoint does not
+    now += 10.0
+    limits.result(0, now, sample(80), met=False)
+    assert limits.limit[0] == pytest.approx(0.9 * 72)
+    for _ in range(100):  # met again at the limit: it grows back
+        now += 0.1
+        limits.result(0, now, sample(limits.limit[0]), met=True)
+    assert limits.limit[0] > 0.9 * 72 + 20
+
+
+def test_slo_limit_caps_the_predicted_capacity() -> None:
+    live = make_fleet()
+    pipe = pipeline("cost", slo={"ttft_ms": 2000, "tpot_ms": 50})
+    d = pipe.route(request(), live.snapshot(1))
+    i = live.index[d.chosen.id]
+    assert d.estimate("slo_capacity") > 20
+    live.slo_limits.limit[i] = 5.0
+    for _ in range(5):
+        live.on_dispatch(i, 1.0)
+    d2 = pipe.route(request(), live.snapshot(1))
+    assert d2.chosen is not None and d2.chosen.id != d.chosen.id
