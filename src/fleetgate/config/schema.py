@@ -157,6 +157,14 @@ class FilterRef(_Strict):
     params: dict[str, Any] = Field(default_factory=dict)
 
 
+class ShadowConfig(_Strict):
+    """Mirror a share of a policy's requests to a candidate pool (gateway/proxy/shadow.py)."""
+
+    pool: str
+    fraction: float = Field(default=0.1, gt=0, le=1)
+    max_usd_per_hour: float = Field(default=5.0, gt=0)
+
+
 FIRST_BYTE_SLO_FACTOR = 3.0
 FIRST_BYTE_FLOOR_S = 2.0
 
@@ -172,6 +180,7 @@ class PolicyConfig(_Strict):
     # no first byte within this long: the engine is taken for hung, the request is retried
     # elsewhere and the failure counts against its breaker (default: 3x the TTFT SLO)
     first_byte_timeout_ms: float | None = Field(default=None, gt=0)
+    shadow: ShadowConfig | None = None
 
     @property
     def first_byte_timeout_s(self) -> float | None:
@@ -251,6 +260,10 @@ class FleetConfig(_Strict):
                 seen[url] = pool.name
         if self.default_policy not in self.policies:
             raise ValueError(f"default_policy: {self.default_policy!r} is not in policies")
+        for name, policy in self.policies.items():
+            if policy.shadow is not None and policy.shadow.pool not in names:
+                raise ValueError(f"policies.{name}.shadow.pool: {policy.shadow.pool!r} is not "
+                                 f"a pool (pools: {', '.join(names)})")
         for i, route in enumerate(self.routes):
             if route.policy not in self.policies:
                 raise ValueError(f"routes[{i}].policy: {route.policy!r} is not in policies")

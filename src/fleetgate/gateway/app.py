@@ -55,6 +55,7 @@ from fleetgate.gateway.limits import LimitEnforcer, LimitsObserver
 from fleetgate.gateway.proxy.apis import APIS
 from fleetgate.gateway.proxy.observer import CompositeObserver
 from fleetgate.gateway.proxy.service import Generation, ProxyService
+from fleetgate.gateway.proxy.shadow import ShadowMirror
 from fleetgate.gateway.settings import Settings
 from fleetgate.gateway.state import AppState, build_generation, served_models
 from fleetgate.gateway.telemetry import build_telemetry
@@ -179,11 +180,15 @@ async def _start(app: FastAPI, settings: Settings, overrides: Overrides,
     limits = LimitEnforcer(stores.limits)
     timeouts = Timeouts(settings.connect_timeout_s, settings.read_timeout_s,
                         settings.total_timeout_s)
+    shadow = ShadowMirror(current, backend, timeouts, lambda: current().fleet.clock())
+    stack.push_async_callback(shadow.drain)
     proxy = ProxyService(current, backend, timeouts, DecisionLog(),
-                         observer=CompositeObserver(telemetry.observer, LimitsObserver(limits)))
+                         observer=CompositeObserver(telemetry.observer, LimitsObserver(limits),
+                                                    shadow))
     state = AppState(settings, config, gen, proxy, http, time.time(),
                      served_models(gen.fleet.config), asyncio.Lock(), KeyTable(config.auth),
                      limits, stores=stores)
+    state.shadow = shadow
     ref.append(state)
     app.state.fleetgate = state
     sync = PeerSync(stores.shared, new_replica_id(), lambda: current().fleet,

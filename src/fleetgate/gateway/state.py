@@ -26,6 +26,7 @@ from fleetgate.config import ConfigError, FleetConfig, default_config_path, load
 from fleetgate.gateway.auth import KeyTable
 from fleetgate.gateway.limits import LimitEnforcer
 from fleetgate.gateway.proxy.service import Generation, ProxyService
+from fleetgate.gateway.proxy.shadow import ShadowMirror
 from fleetgate.gateway.registrations import Registration, RegistrationBody, endpoint_id, merge
 from fleetgate.gateway.settings import Settings
 from fleetgate.routing import PolicyError, Router, build_router
@@ -51,6 +52,7 @@ class AppState:
     registrations: dict[str, Registration] = field(default_factory=dict)  # by engine URL
     stores: Stores | None = None
     sync: PeerSync | None = None
+    shadow: ShadowMirror | None = None  # mirrors to candidate pools; GET /admin/shadow
 
     async def reload(self) -> FleetConfig:
         """Re-read the config file; raises ConfigError (nothing changed) when it is bad."""
@@ -118,7 +120,8 @@ async def build_generation(config: FleetConfig, settings: Settings, http: aiohtt
         await fleet.start(previous.emulators, previous.live)
     attempts = {name: p.max_attempts for name, p in config.policies.items()}
     first_byte = {name: p.first_byte_timeout_s for name, p in config.policies.items()}
-    return Generation(fleet, router, attempts, first_byte)
+    shadow = {name: p.shadow for name, p in config.policies.items() if p.shadow is not None}
+    return Generation(fleet, router, attempts, first_byte, shadow)
 
 
 def served_models(config: FleetConfig) -> dict[str, frozenset[str]]:

@@ -136,6 +136,14 @@ async def costs(request: Request) -> dict[str, Any]:
     return report
 
 
+@router.get("/shadow")
+async def shadow(request: Request) -> dict[str, Any]:
+    """Per shadow candidate and serving pool: the candidate's figures on the mirrored
+    requests beside the serving pool's on the same requests."""
+    mirror = _state(request).shadow
+    return mirror.report() if mirror is not None else {"candidates": []}
+
+
 @router.post("/reload", response_model=ReloadResult,
              responses={400: {"model": ErrorEnvelope}, 503: {"model": ErrorEnvelope}})
 async def reload(request: Request) -> Any:

@@ -33,6 +33,7 @@ from starlette.responses import Response, StreamingResponse
 
 from fleetgate.backends.relay import Backend, Timeouts, UpstreamError, UpstreamResponse
 from fleetgate.catalog.engines import translate_guided
+from fleetgate.config.schema import ShadowConfig
 from fleetgate.gateway.decisions import DecisionEntry, DecisionLog
 from fleetgate.gateway.errors import (
     GatewayError,
@@ -68,6 +69,7 @@ class Generation:
     router: Router
     max_attempts: dict[str, int] = field(default_factory=dict)  # policy -> attempts
     first_byte_s: dict[str, float | None] = field(default_factory=dict)  # policy -> deadline
+    shadow: dict[str, ShadowConfig] = field(default_factory=dict)  # policy -> its mirror
 
 
 @dataclass(slots=True)
