@@ -44,6 +44,10 @@ prior of ``prior.py`` corrected by the learned ``k_tpot``/``k_ttft``:
              at all)
     meets_slo = tpot <= 0.8 * slo_tpot and ttft <= 0.8 * slo_ttft and active + 1 <= B_slo
              (20% headroom: the predictions are averages, the SLO is judged per request)
+    can_take = the same without the B_slo guess, only the learned slo_limit: 1 when this
+             request would still be predicted within the SLO there (what admission control
+             waits for: the capacity guess steers where requests go, only predictions and
+             observed limits decide that the fleet is full)
 
 The loop (numba) costs ~10 ns a candidate; as whole-column numpy operations the same
 formulas took ~60 calls whose fixed cost dominated a decision at any fleet size
@@ -75,7 +79,7 @@ DEFAULT_MAX_TOKENS = 256
 SLO_HEADROOM = 0.8
 MAX_PREFILL_SHARE = 0.9
 NAMES = ("ttft_s", "tpot_s", "e2e_s", "usd_per_mtok", "slo_capacity", "active", "load",
-         "meets_slo", "kv_headroom_tokens", "fits_context", "prefill_s")
+         "meets_slo", "kv_headroom_tokens", "fits_context", "prefill_s", "can_take")
 
 
 T = TypeVar("T")
@@ -114,7 +118,7 @@ _BASE, _PER_CTX, _PREFILL, _KV_CAP, _MAX_BATCH = (STATIC_ROW[name] for name in (
 _USABLE_IN = np.array([LIVE_ROW["usable_from"], LIVE_ROW["stale_at"]], dtype=np.intp)
 # The rows the kernel writes, in order.
 KERNEL_ROWS = ("b_max", "tpot_s", "ttft_s", "e2e_s", "slo_capacity", "usd_per_mtok", "load",
-               "kv_headroom_tokens")
+               "kv_headroom_tokens", "can_take")
 
 
 @compiled
@@ -196,8 +200,10 @@ def _kernel(live: FloatArray, static: FloatArray, live_in: IntArray, static_in: 
                      if batch > 0 else np.inf)  # $/s over tokens/s at the SLO batch
         out[6, j] = active / max(batch, 1.0)
         out[7, j] = (1.0 - usage) * cap
-        meets[j] = within and ((tpot_limit == np.inf or tpot <= tpot_limit)
-                    and (ttft_limit == np.inf or ttft <= ttft_limit))
+        timely = ((tpot_limit == np.inf or tpot <= tpot_limit)
+                  and (ttft_limit == np.inf or ttft <= ttft_limit))
+        meets[j] = within and timely
+        out[8, j] = 1.0 if timely and (not limit > 0 or active + 1.0 <= limit) else 0.0
 
 
 @compiled
@@ -303,6 +309,7 @@ class Estimates:
     usd_per_mtok = _KernelRow("usd_per_mtok")
     load = _KernelRow("load")
     kv_headroom_tokens = _KernelRow("kv_headroom_tokens")
+    can_take = _KernelRow("can_take")
 
     @property
     def meets_slo(self) -> BoolArray:

@@ -57,11 +57,11 @@ def retry_after_s(wait_s: float) -> int:
 
 
 def room(decision: Decision) -> int | None:
-    """Requests the candidates predicted to meet the policy's SLO can still take: the sum of
-    their SLO capacity less their active requests (0: every one is full or too slow now).
-    None when there is nothing to wait for: the policy has no SLO, or no candidate could
-    meet it at any load (no SLO capacity; or this prompt's prefill alone is past the TTFT
-    SLO)."""
+    """How many usable candidates could take this request now and still be predicted
+    within the policy's SLO and their learned concurrency limit (``can_take``; 0: the fleet
+    is full). None when there is nothing to wait for: the policy has no SLO, or no
+    candidate could meet it at any load (no SLO capacity; or this prompt's prefill alone is
+    past the TTFT SLO)."""
     est, alive = decision.estimates, decision.alive
     if est is None or alive is None or (est.slo.ttft_s is None and est.slo.tpot_s is None):
         return None
@@ -71,8 +71,7 @@ def room(decision: Decision) -> int | None:
     if est.slo.ttft_s is not None and np.min(np.where(alive, est["prefill_s"], np.inf)) > \
             SLO_HEADROOM * est.slo.ttft_s:
         return None
-    meets = est["meets_slo"] & alive
-    return int(np.sum(np.where(meets, np.maximum(capacity - est["active"], 0.0), 0.0)))
+    return int(np.count_nonzero((est["can_take"] > 0) & alive))
 
 
 def drain_and_budget(decision: Decision) -> tuple[float, float]:
