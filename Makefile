@@ -30,10 +30,10 @@ lint: $(VENV)/.installed-dev  ## ruff, the layers contract, the Dockerfile
 typecheck: $(VENV)/.installed-dev
 	$(BIN)/mypy
 
-test: lint typecheck  ## the whole suite (CI runs this)
+test: lint typecheck deploy-tools browser-tools  ## the whole suite (CI runs this)
 	$(BIN)/fleetgate check src/fleetgate/config/default.yaml > /dev/null
 	$(BIN)/fleetgate check src/fleetgate/config/example.yaml > /dev/null
-	$(BIN)/pytest -q -p no:cacheprovider
+	FLEETGATE_REQUIRE_BROWSER=1 $(BIN)/pytest -q -p no:cacheprovider
 
 unit: $(VENV)/.installed-dev
 	$(BIN)/pytest -q tests/unit
@@ -77,3 +77,25 @@ test-engines: $(VENV)/.installed-dev $(ENGINE_VENV)/.installed $(TINY_MODEL)/con
 	FLEETGATE_ENGINE_TESTS=1 FLEETGATE_ENGINE_PYTHON=$(abspath $(ENGINE_BIN)/python) \
 	FLEETGATE_TINY_MODEL=$(abspath $(TINY_MODEL)) \
 	$(BIN)/pytest -q -p no:cacheprovider tests/engines
+
+# --- tests/deploy: Debian's docker-compose validates compose.yaml offline (no daemon needed) ----
+# kubectl (kustomize) and kubernetes-validate come with the dev extras (pyproject.toml).
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: deploy-tools
+
+deploy-tools:
+	@command -v docker-compose >/dev/null || { $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
+	  docker-compose >/dev/null; }
+	@docker-compose version --short
+
+# --- tests/browser: the dashboard in Debian's headless chromium, driven by Playwright for Python
+# (dev extra; its own browser downloads are never used: the tests launch the system chromium).
+.PHONY: browser-tools
+
+browser-tools:
+	@command -v chromium >/dev/null || { $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
+	  chromium fonts-dejavu-core >/dev/null; }
+	@chromium --version

@@ -19,6 +19,7 @@ import uuid
 from dataclasses import dataclass, field
 
 import redis
+import redis.asyncio as aioredis
 
 from procs import free_port
 
@@ -84,3 +85,13 @@ def find_test_redis() -> tuple[str, RedisServer | None]:
         return LOCAL_URL, None
     server = RedisServer().start()
     return server.url, server
+
+
+async def wait_key_gone(client: aioredis.Redis, key: str, timeout_s: float = 3.0) -> None:
+    """Bounded poll until Redis has expired ``key`` by itself (a short TTL the test set)."""
+    import asyncio
+
+    deadline = time.monotonic() + timeout_s
+    while await client.exists(key):
+        assert time.monotonic() < deadline, f"{key} did not expire"
+        await asyncio.sleep(0.02)

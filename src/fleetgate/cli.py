@@ -46,9 +46,8 @@ def serve(
     port: Annotated[Optional[int], typer.Option(help="listen port")] = None,  # noqa: UP045
 ) -> None:
     """Run the gateway."""
-    import uvicorn
-
     from fleetgate.gateway.app import create_app
+    from fleetgate.gateway.server import GatewayServer, server_config
     from fleetgate.gateway.settings import Settings
 
     settings = Settings.from_env(config_path=config, host=host, port=port)
@@ -59,10 +58,12 @@ def serve(
         _print_errors(exc)
         raise typer.Exit(1) from None
     _lift_open_files_limit()
-    uvicorn.run(
-        create_app(settings), host=settings.host, port=settings.port, loop="uvloop",
-        http="httptools", access_log=False, log_level=settings.log_level, timeout_keep_alive=30,
-    )
+    gateway = create_app(settings)
+    server = GatewayServer(server_config(gateway, settings.host, settings.port,
+                                         settings.log_level, settings.header_timeout_s,
+                                         settings.shutdown_timeout_s),
+                           gateway.state.stop_streams, settings.shutdown_timeout_s)
+    server.run()
 
 
 def _lift_open_files_limit(ceiling: int = 65536) -> None:
@@ -207,6 +208,15 @@ def _register_simulator() -> None:
 
 
 _register_simulator()
+
+
+def _register_bench() -> None:
+    from fleetgate.loadgen import cli as bench_cli  # typer only: the heavy imports are lazy
+
+    app.add_typer(bench_cli.bench_app, name="bench")
+
+
+_register_bench()
 
 if __name__ == "__main__":
     app()

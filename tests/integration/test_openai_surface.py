@@ -67,7 +67,8 @@ def test_openapi_document_is_valid_and_lists_the_contract(surface: Proc) -> None
 def test_bad_admin_input_is_a_400_envelope(surface: Proc) -> None:
     resp = httpx.get(surface.url + "/admin/decisions", params={"limit": "lots"})
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "query.limit"
-    resp = httpx.post(surface.url + "/admin/endpoints", content=b"{nope")
+    resp = httpx.post(surface.url + "/admin/endpoints", content=b"{nope",
+                      headers={"content-type": "application/json"})
     assert resp.status_code == 400 and set(resp.json()) == {"error"}
 
 

@@ -5,13 +5,16 @@ for clients."""
 
 from __future__ import annotations
 
+import asyncio
 import statistics
 import time
 from pathlib import Path
 
 import httpx
 import openai
+from typer.testing import CliRunner
 
+from fleetgate.cli import app
 from inproc import inproc_gateway, tick
 
 MODEL = "llama-3.1-8b"
@@ -72,6 +75,12 @@ async def test_half_the_traffic_mirrored_and_compared(tmp_path: Path) -> None:
         # the copies are not charged to anyone: only the served requests are in the ledger
         assert 'fleetgate_requests_total' in metrics
         print(f"client TTFT p50 with half mirrored: {statistics.median(ttfts) * 1000:.1f} ms")
+        # the one-page report (the gateway serves on this loop: the CLI runs in a thread)
+        result = await asyncio.to_thread(CliRunner().invoke, app,
+                                         ["bench", "report", "--shadow", url])
+        assert result.exit_code == 0, result.output
+        assert "mi355x would have served at TTFT p95" in result.output
+        assert "against h200's" in result.output
 
 
 async def test_a_hung_candidate_changes_nothing_for_clients(tmp_path: Path) -> None:

@@ -133,9 +133,34 @@ async def test_shared_state_failover_never_raises() -> None:
         async def peers(self, *a, **kw):
             raise StoreUnavailable("down")
 
-    shared = FailoverSharedState(Down(), clock=FakeClock())
+        async def put_registration(self, *a, **kw):
+            raise StoreUnavailable("down")
+
+        async def drop_registration(self, *a, **kw):
+            raise StoreUnavailable("down")
+
+        async def registrations(self, *a, **kw):
+            raise StoreUnavailable("down")
+
+        async def publish_costs(self, *a, **kw):
+            raise StoreUnavailable("down")
+
+        async def costs(self, *a, **kw):
+            raise StoreUnavailable("down")
+
+    clock = FakeClock()
+    shared = FailoverSharedState(Down(), clock=clock)
     await shared.publish("a", {"ep": SHARE}, 5)
     assert await shared.peers("a") == {}
+    assert shared.degraded
+    for write in (shared.put_registration("http://w:1", b"r", 5, T0),
+                  shared.drop_registration("http://w:1"), shared.publish_costs("a", b"{}", 5)):
+        clock.t += 1.0  # each one may probe the primary again
+        await write
+    clock.t += 1.0
+    assert await shared.registrations() == []
+    clock.t += 1.0
+    assert await shared.costs() == {}
     assert shared.degraded
 
 
@@ -162,7 +187,9 @@ async def test_a_dead_redis_raises_store_unavailable_at_once(server: RedisServer
     server.kill()
     for call in (limits.take("k", 1, 5, 60, T0), limits.acquire("c", 1, 30, T0),
                  limits.spent("t", "p"), shared.publish("a", {"ep": SHARE}, 5),
-                 shared.peers("a")):
+                 shared.peers("a"), shared.put_registration("http://w:1", b"r", 5, T0),
+                 shared.registrations(), shared.publish_costs("a", b"{}", 5),
+                 shared.costs()):
         with pytest.raises(StoreUnavailable):
             await timed(call)
     await limits.close()

@@ -7,6 +7,7 @@ request's log line must all agree.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import orjson
@@ -14,7 +15,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from fleetgate.catalog.engines import ENGINES
-from fleetgate.gateway.costs import CostLedger, attempt_charge
+from fleetgate.gateway.costs import CostLedger, LedgerSnapshot, attempt_charge
 from fleetgate.gateway.proxy.apis import APIS
 from fleetgate.gateway.proxy.observer import AttemptResult
 from fleetgate.gateway.proxy.request import ProxyRequest
@@ -212,3 +213,30 @@ def test_request_log_can_be_off() -> None:
     req = request_of(h.observer, "r4", "/v1/chat/completions", RoutingRequest(MODEL), None, {})
     req.end(200)
     assert h.lines == []
+
+
+def test_a_fleet_report_adds_the_other_replicas_snapshots() -> None:
+    """Replica A's live ledger plus B's published snapshot: totals, tenants and pools are
+    the fleet's, ``replicas`` keeps each part; a snapshot survives encode/decode exactly."""
+    h100 = dataclasses.replace(H100, engine="vllm")  # as the fleet builds them: engine names
+    mi300x = dataclasses.replace(MI300X, engine="sglang")
+    a, b = CostLedger(clock=lambda: 2_000.0), CostLedger(clock=lambda: 1_500.0)
+    a.tally(h100, MODEL, "team-a").add_attempt(attempt_charge(h100, 2.0, 1.0), True, 10, 20)
+    b.tally(h100, MODEL, "team-a").add_attempt(attempt_charge(h100, 4.0, 2.0), True, 5, 7)
+    b.tally(mi300x, MODEL, "team-b").add_attempt(attempt_charge(mi300x, 1.0, 1.0), False)
+    snap = LedgerSnapshot.decode(b.snapshot().encode())
+    assert snap == b.snapshot()
+    with pytest.raises(ValueError):
+        LedgerSnapshot.decode(b'{"since": 1}')
+    report = a.report("A", {"B": snap, "A": snap})  # its own id among the peers: ignored
+    assert report["total"]["usd"] == pytest.approx(a.total_usd() + b.total_usd())
+    assert report["total"]["output_tokens"] == 27
+    assert report["since"] == 1_500.0 and report["replica"] == "A"
+    assert {r["replica"]: r["usd"] for r in report["replicas"]} == {
+        "A": pytest.approx(a.total_usd()), "B": pytest.approx(b.total_usd())}
+    tenants = {t["tenant"]: t for t in report["tenants"]}
+    assert tenants["team-a"]["output_tokens"] == 27
+    assert tenants["team-b"]["failed_attempts"] == 1
+    assert {p["pool"]: p["accelerator"] for p in report["pools"]} == {
+        "h100-vllm": "h100", "mi300x-sglang": "mi300x"}
+    assert a.report()["total"]["usd"] == pytest.approx(a.total_usd())  # alone

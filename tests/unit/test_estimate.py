@@ -98,7 +98,7 @@ def reference(live: LiveFleet, i: int, req: RoutingRequest, slo: Slo) -> dict[st
         alone = k * (base + col("step_per_ctx_token_s") * ctx)
         if b_slo < 1 and alone <= SLO_HEADROOM * slo.tpot_s:
             b_slo = 1.0
-    if col("slo_limit") > 0:
+    if col("slo_limit") > 0 and (slo.tpot_s is not None or slo.ttft_s is not None):
         b_slo = min(b_slo, max(math.floor(col("slo_limit")), 1.0))
     usd = col("usd_per_s") * 1e6 * k * (base + per_seq * b_slo) / b_slo if b_slo > 0 \
         else math.inf

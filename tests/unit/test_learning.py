@@ -12,6 +12,8 @@ from routing_fixtures import make_fleet, pipeline, request, serve
 from fleetgate.routing.estimate import prior_tpot
 from fleetgate.state.learning import (
     IDLE_S,
+    INCREASE,
+    INITIAL_LIMIT,
     K_LIMITS,
     MAX_LOG_RATE,
     Corrections,
@@ -128,24 +130,27 @@ def sample(active: float) -> Sample:
 
 def test_slo_limit_ignores_a_tail_and_reacts_to_overload() -> None:
     limits = SloLimits(np.full(3, np.nan), siblings=[[1], [0], []])
+    assert limits.limit.tolist() == [INITIAL_LIMIT] * 3  # slow start: +1 per request met
     now = 0.0
-    for r in range(1000):  # 0.2% misses: the workload's tail, no limit
+    for r in range(1000):  # 0.2% misses: the workload's tail, no decrease
         now += 0.1
-        limits.result(0, now, sample(40), met=r % 500 != 0)
-    assert math.isnan(limits.limit[0])
+        limits.result(0, now, sample(min(40, limits.limit[0])), met=r % 500 != 0)
+    assert limits.limit[0] >= 40 and limits.slow_start[0]
+    before = limits.limit[0]
     for _ in range(20):  # overload: most requests at concurrency 80 miss
         now += 0.1
         limits.result(0, now, sample(80), met=False)
-    assert limits.limit[0] == pytest.approx(72)  # one decrease in those 2 s
+    first = 0.9 * min(before, 80)
+    assert limits.limit[0] == pytest.approx(first)  # one decrease in those 2 s
     assert limits.limit[1] == limits.limit[0]  # its sibling believes it
-    assert math.isnan(limits.limit[2])  # another kind of endpoint does not
+    assert limits.limit[2] == INITIAL_LIMIT  # another kind of endpoint does not
     now += 10.0
     limits.result(0, now, sample(80), met=False)
-    assert limits.limit[0] == pytest.approx(0.9 * 72)
-    for _ in range(100):  # met again at the limit: it grows back
+    assert limits.limit[0] == pytest.approx(0.9 * first) and not limits.slow_start[0]
+    for _ in range(100):  # met again at the limit: it grows back, by INCREASE each
         now += 0.1
         limits.result(0, now, sample(limits.limit[0]), met=True)
-    assert limits.limit[0] > 0.9 * 72 + 20
+    assert limits.limit[0] == pytest.approx(0.9 * first + 100 * INCREASE)
 
 
 def test_slo_limit_caps_the_predicted_capacity() -> None:
@@ -153,7 +158,7 @@ def test_slo_limit_caps_the_predicted_capacity() -> None:
     pipe = pipeline("cost", slo={"ttft_ms": 2000, "tpot_ms": 50})
     d = pipe.route(request(), live.snapshot(1))
     i = live.index[d.chosen.id]
-    assert d.estimate("slo_capacity") > 20
+    assert d.estimate("slo_capacity") == INITIAL_LIMIT  # slow start
     live.slo_limits.limit[i] = 5.0
     for _ in range(5):
         live.on_dispatch(i, 1.0)

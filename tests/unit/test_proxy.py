@@ -33,7 +33,7 @@ USAGE = (b'data: {"id":"c","model":"m","choices":[],"usage":{"prompt_tokens":3,'
 DONE = b"data: [DONE]\n\n"
 
 
-def service(backend: FakeBackend, first_byte_s: float | None = None,
+def service(backend: FakeBackend, first_byte_s: float | None = None, resume: bool = True,
             **pool: Any) -> tuple[ProxyService, Fleet]:
     rows = (("h200", "h200", 3.6, FAST), ("h100", "h100", 2.9, SLOW))
     pools = [{"name": name, "accelerator": gpu, "engine": "vllm", "price_per_gpu_hour": price,
@@ -44,7 +44,8 @@ def service(backend: FakeBackend, first_byte_s: float | None = None,
     fleet = Fleet(config, http=None)  # type: ignore[arg-type]  # never started: no I/O
     for i in range(len(fleet.endpoints)):
         fleet.live.on_probe(i, fleet.clock(), True, "200")
-    gen = Generation(fleet, build_router(config), {"fast": 3}, {"fast": first_byte_s})
+    gen = Generation(fleet, build_router(config), {"fast": 3}, {"fast": first_byte_s},
+                     resume={"fast": resume})
     return ProxyService(lambda: gen, backend, Timeouts(), DecisionLog()), fleet
 
 
@@ -88,8 +89,9 @@ async def test_an_in_band_queue_full_frame_is_retried_elsewhere() -> None:
 
 
 async def test_a_stream_cut_after_the_first_byte_ends_with_an_error_event() -> None:
+    """With ``resume_streams: false`` (test_stream_resume.py has the default)."""
     backend = FakeBackend({FAST: [Answer(200, chunks=(CHUNK,), cut="protocol")]})
-    proxy, fleet = service(backend)
+    proxy, fleet = service(backend, resume=False)
     out = await body_of(await proxy.handle(request(stream=True)))
     frames = out.split(b"\n\n")
     assert orjson.loads(frames[1][6:])["error"]["code"] == 502

@@ -2,7 +2,8 @@
 
 Time is injected: limits take ``now`` from the test, the memory shared state runs on a fake
 clock. The only wall-clock wait is Redis's own key expiry for a dead replica (TTL 0.3 s,
-bounded poll). Redis tests use a real server (``store_redis.find_test_redis``), one unique key
+bounded poll; likewise for a lapsed registration and a dead replica's cost snapshot).
+Redis tests use a real server (``store_redis.find_test_redis``), one unique key
 prefix per test. The Redis-only tests at the end check that two clients (two replicas) see
 one limit, also under concurrent calls.
 """
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 
@@ -26,7 +26,7 @@ from fleetgate.state.store import (
     SharedState,
 )
 from fleetgate.state.store.redis import RedisLimits, RedisSharedState
-from store_redis import find_test_redis, unique_prefix
+from store_redis import find_test_redis, unique_prefix, wait_key_gone
 
 T0 = 1_790_000_000.0  # wall-clock epoch seconds, as the gateway passes them
 W = 60.0
@@ -53,7 +53,10 @@ class Harness:
     shared: SharedState
     limits: LimitStore
     share_ttl_s: float
-    let_shares_expire: Callable[[str], Awaitable[None]]
+    let_expire: Callable[[str], Awaitable[None]]  # a key written with ttl share_ttl_s
+
+    async def let_shares_expire(self, replica_id: str) -> None:
+        await self.let_expire(f"replica:{replica_id}")
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -61,7 +64,7 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
     if request.param == "memory":
         clock = FakeClock()
 
-        async def advance(_replica_id: str) -> None:
+        async def advance(_key: str) -> None:
             clock.t += 5.01
 
         yield Harness(MemorySharedState(clock), MemoryLimits(clock), 5.0, advance)
@@ -69,11 +72,8 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
     url, prefix = request.getfixturevalue("redis_url"), unique_prefix()
     raw = aioredis.Redis.from_url(url)
 
-    async def expire(replica_id: str) -> None:  # Redis expires keys itself: bounded poll
-        deadline = time.monotonic() + 3.0
-        while await raw.exists(f"{prefix}replica:{replica_id}"):
-            assert time.monotonic() < deadline, "shares did not expire"
-            await asyncio.sleep(0.02)
+    async def expire(key: str) -> None:  # Redis expires keys itself: bounded poll
+        await wait_key_gone(raw, prefix + key)
 
     h = Harness(RedisSharedState.from_url(url, prefix), RedisLimits.from_url(url, prefix),
                 0.3, expire)
@@ -112,6 +112,45 @@ async def test_a_dead_replicas_shares_expire(store: Harness) -> None:
     assert set(await store.shared.peers("me")) == {"alive", "dead"}
     await store.let_shares_expire("dead")
     assert await store.shared.peers("me") == {"alive": {"ep-1": share(1)}}
+
+
+# -- SharedState: registrations and cost snapshots --------------------------------------
+async def test_registrations_keep_the_order_they_first_registered_in(store: Harness) -> None:
+    shared = store.shared
+    await shared.put_registration("http://b:8000", b"rb", 30, now=T0 + 1)
+    await shared.put_registration("http://a:8000", b"ra", 30, now=T0 + 1)
+    await shared.put_registration("http://c:8000", b"rc", 30, now=T0)
+    await shared.put_registration("http://b:8000", b"rb2", 30, now=T0 + 5)  # a heartbeat
+    regs = await shared.registrations()
+    assert [(r.key, r.record, r.first_seen) for r in regs] == [
+        ("http://c:8000", b"rc", T0), ("http://a:8000", b"ra", T0 + 1),
+        ("http://b:8000", b"rb2", T0 + 1)]
+    assert all(0 < r.ttl_left_s <= 30 for r in regs)
+    await shared.drop_registration("http://a:8000")
+    await shared.drop_registration("http://nobody:8000")  # unknown: ignored
+    assert [r.key for r in await shared.registrations()] == ["http://c:8000", "http://b:8000"]
+
+
+async def test_a_lapsed_registration_is_gone_and_comes_back_last(store: Harness) -> None:
+    shared = store.shared
+    await shared.put_registration("http://x:1", b"x", store.share_ttl_s, now=T0)
+    await shared.put_registration("http://y:1", b"y", 30, now=T0 + 1)
+    await store.let_expire("reg:http://x:1")
+    assert [r.key for r in await shared.registrations()] == ["http://y:1"]
+    await shared.put_registration("http://x:1", b"x", 30, now=T0 + 9)  # registers anew
+    assert [(r.key, r.first_seen) for r in await shared.registrations()] == [
+        ("http://y:1", T0 + 1), ("http://x:1", T0 + 9)]
+
+
+async def test_cost_snapshots_of_every_replica(store: Harness) -> None:
+    shared = store.shared
+    assert await shared.costs() == {}
+    await shared.publish_costs("a", b'{"v":1}', 30)
+    await shared.publish_costs("b", b'{"v":2}', store.share_ttl_s)
+    await shared.publish_costs("a", b'{"v":3}', 30)  # replaces a's
+    assert await shared.costs() == {"a": b'{"v":3}', "b": b'{"v":2}'}
+    await store.let_expire("costs:b")
+    assert await shared.costs() == {"a": b'{"v":3}'}
 
 
 # -- RateLimits: sliding window --------------------------------------------------------

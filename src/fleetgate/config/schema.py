@@ -181,6 +181,9 @@ class PolicyConfig(_Strict):
     # elsewhere and the failure counts against its breaker (default: 3x the TTFT SLO)
     first_byte_timeout_ms: float | None = Field(default=None, gt=0)
     shadow: ShadowConfig | None = None
+    # a chat/completions stream whose engine fails after the first byte continues on the
+    # next endpoint, stitched into the same stream (gateway/proxy/stream.py)
+    resume_streams: bool = True
 
     @property
     def first_byte_timeout_s(self) -> float | None:

@@ -6,7 +6,10 @@ formats_sglang.py (SGLang 0.5.23, §2.5-2.6); both implement ``WireFormat``. SSE
 ``text/event-stream; charset=utf-8``.
 
 Generated text is deterministic filler: token i is the i-th word of a fixed cycle, with a
-leading space after the first; the EOS token that ends a natural stop has no text.
+leading space after the first; the EOS token that ends a natural stop has no text. The model
+continues its own text: a prefix that is its first k tokens (a chat's final assistant message
+with ``continue_final_message``, the tail of a completions prompt) makes it start at token k,
+and that prefix counts k prompt tokens (``filler_tokens``, ``filler_tail``).
 
 May touch: orjson, the request description from parsing.py, plan.py's types. Must not touch:
 I/O, clocks (``created`` comes in with the request), the engine.
@@ -41,6 +44,34 @@ def token_text(index: int, eos: bool = False) -> str:
         return ""
     word = _WORDS[index % len(_WORDS)]
     return word if index == 0 else " " + word
+
+
+_filler_text = ""
+
+
+def filler_tokens(text: str) -> int:
+    """How many output tokens ``text`` is when it is exactly the start of the emulated
+    model's own output (its first k filler tokens); 0 when it is not."""
+    global _filler_text
+    n = len(text)
+    while len(_filler_text) <= n:  # grown once, as far as the longest text asked about
+        k = _filler_text.count(" ") + 1 if _filler_text else 0
+        _filler_text += "".join(token_text(i) for i in range(k, k + 256))
+    if not n or _filler_text[n] != " " or not _filler_text.startswith(text):
+        return 0
+    return text.count(" ") + 1
+
+
+def filler_tail(text: str) -> tuple[int, int]:
+    """(tokens, characters) of the longest tail of ``text`` that is the start of the
+    emulated model's own output; (0, 0) when there is none."""
+    start = text.find(_WORDS[0])
+    while start >= 0:
+        tokens = filler_tokens(text[start:])
+        if tokens:
+            return tokens, len(text) - start
+        start = text.find(_WORDS[0], start + 1)
+    return 0, 0
 
 
 def sse(obj: Json) -> bytes:

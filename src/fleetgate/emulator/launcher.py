@@ -139,8 +139,10 @@ async def start_emulator(
     max_queued_requests: int | None = None,
     max_model_len: int | None = None,
     startup_timeout: float = 30.0,
+    port: int = 0,
 ) -> EmulatorHandle:
-    """Start an emulated engine as a child process; returns once it accepts connections."""
+    """Start an emulated engine as a child process; returns once it accepts connections.
+    ``port`` 0: a free port; a given one restarts a dead engine at its old URL."""
     config = EmulatorConfig.model_validate(
         {
             "engine": engine,
@@ -155,7 +157,9 @@ async def start_emulator(
         }
     )
     process = await asyncio.create_subprocess_exec(
-        *_child_command(config, host), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
+        *_child_command(config, host, port),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
     )
     try:
         url = await asyncio.wait_for(_read_ready_line(process), startup_timeout)
@@ -167,7 +171,7 @@ async def start_emulator(
     return EmulatorHandle(process, url)
 
 
-def _child_command(config: EmulatorConfig, host: str) -> list[str]:
+def _child_command(config: EmulatorConfig, host: str, port: int = 0) -> list[str]:
     cmd = [
         sys.executable,
         "-m",
@@ -179,7 +183,7 @@ def _child_command(config: EmulatorConfig, host: str) -> list[str]:
         "--host",
         host,
         "--port",
-        "0",
+        str(port),
         "--speed",
         repr(config.speed),
         "--stack",

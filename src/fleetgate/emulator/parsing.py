@@ -24,6 +24,10 @@ natural length is the plan's, and ``max_tokens`` below it cuts the text ("length
 Prefix-cache keys: the chained hashes of the prompt text's 64-character blocks (each role and
 message text for chat; the first prompt string for completions), prefixcache.py.
 
+Continuation (``continue_final_message`` on a chat whose last message is the assistant's;
+a completions prompt ending in the model's own output): ``_chat_prompt`` and formats.py
+``filler_tokens``; vLLM's 400 when ``add_generation_prompt`` is also true.
+
 Not modelled (accepted and ignored, as vLLM accepts extra fields): ``n`` > 1, ``stop``,
 sampling parameters, batched completion prompts (the first prompt is used).
 
@@ -74,6 +78,7 @@ class ParsedRequest:
     plan: OutputPlan | None = None  # constrained output (tool call / JSON), plan.py
     pooling: bool = False  # an embedding request: prefill, one step, no text
     block_hashes: tuple[int, ...] = ()  # the prompt's prefix-cache blocks (prefixcache.py)
+    offset: int = 0  # the filler token the output starts at: it continues its own text
 
     def token_text(self, index: int, eos: bool) -> str | None:
         """The planned text of output token ``index`` (None: use the filler)."""
@@ -151,11 +156,12 @@ def parse_request(
     bad = _bad_request_type(limits.engine)
     if plan is not None:
         limits = replace(limits, natural_tokens=len(plan.pieces) + 1)
+    offset = 0
     if kind == "chat":
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise EngineError(400, "Field required: messages (a non-empty list)", bad)
-        prompt = chat_prompt_tokens(messages, body.get("tools"))
+        prompt, offset = _chat_prompt(messages, body, limits.engine)
         hashes = text_block_hashes(chat_text(messages))
     else:
         if "prompt" not in body:
@@ -163,6 +169,10 @@ def parse_request(
         prompt = completion_prompt_tokens(body["prompt"])
         text = body["prompt"][0] if isinstance(body["prompt"], list) else body["prompt"]
         hashes = text_block_hashes(text) if isinstance(text, str) else ()
+        if isinstance(text, str) and plan is None:
+            offset, chars = _filler_tail(text)
+            if offset:  # the tail is the model's own output: one token per word
+                prompt = 1 + text_tokens(text[: len(text) - chars]) + offset
     stream = bool(body.get("stream", False))
     options = body.get("stream_options")
     if limits.engine == "vllm" and options is not None and not stream:
@@ -195,7 +205,43 @@ def parse_request(
         continuous_usage=continuous,
         plan=plan,
         block_hashes=hashes,
+        offset=offset,
     )
+
+
+def _chat_prompt(messages: list[Any], body: dict[str, Any], engine: str) -> tuple[int, int]:
+    """(prompt tokens, output offset) of a chat. With ``continue_final_message`` the final
+    assistant message is continued, not closed (vLLM: ``add_generation_prompt`` must then
+    be false; SGLang drops the message and appends its text after the generation prompt):
+    the prompt is the messages before it, the assistant header and its text, and the output
+    starts where that text ends when it is the model's own."""
+    tools = body.get("tools")
+    if not body.get("continue_final_message"):
+        return chat_prompt_tokens(messages, tools), 0
+    if engine == "vllm" and body.get("add_generation_prompt"):
+        raise EngineError(400, "Cannot set both `continue_final_message` and "
+                               "`add_generation_prompt` to True.", "Bad Request")
+    last = messages[-1]
+    if not isinstance(last, dict) or last.get("role") != "assistant" or \
+            not isinstance(last.get("content"), str):
+        return chat_prompt_tokens(messages, tools), 0
+    content = last["content"]
+    offset = _filler_tokens(content)
+    prefix = offset or text_tokens(content)
+    return chat_prompt_tokens(messages[:-1], tools) + _json_tokens(last.get("tool_calls")) \
+        + prefix, offset
+
+
+def _filler_tokens(text: str) -> int:
+    from fleetgate.emulator.formats import filler_tokens  # formats imports this module
+
+    return filler_tokens(text)
+
+
+def _filler_tail(text: str) -> tuple[int, int]:
+    from fleetgate.emulator.formats import filler_tail
+
+    return filler_tail(text)
 
 
 def _bad_request_type(engine: str) -> str:

@@ -243,7 +243,10 @@ class EngineRuntime:
             handle.generated = ev.index + 1
             finish = req.finish_reason if ev.finished else None
             planned = req.token_text(ev.index, eos=finish == "stop")
-            text = token_text(ev.index, eos=finish == "stop") if planned is None else planned
+            if planned is None:
+                text = token_text(ev.index + req.offset, eos=finish == "stop")
+            else:
+                text = planned
             handle.queue.put_nowait(Output(text, ev.index + 1, finish))
             if ev.finished:
                 self._forget(handle)

@@ -31,6 +31,7 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
@@ -40,17 +41,29 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fleetgate import __version__
 from fleetgate.backends.probes import background_session
 from fleetgate.backends.relay import AiohttpBackend, Backend, Timeouts
 from fleetgate.config import ConfigError, FleetConfig, default_config_path, load_config
 from fleetgate.gateway.api import admin, health, openai, workers
+from fleetgate.gateway.api.parse import request_id_of
 from fleetgate.gateway.api.schemas import OPENAI_BODIES, ErrorEnvelope, ModelList
 from fleetgate.gateway.auth import KeyTable
+from fleetgate.gateway.costs import CostLedger
+from fleetgate.gateway.dashboard import router as dashboard_router
 from fleetgate.gateway.decisions import DecisionLog
-from fleetgate.gateway.errors import GatewayError, envelope, error_response, json_error
+from fleetgate.gateway.errors import (
+    Forbidden,
+    GatewayError,
+    PayloadTooLarge,
+    RequestTimeout,
+    UnsupportedMediaType,
+    envelope,
+    error_response,
+    json_error,
+)
 from fleetgate.gateway.limits import LimitEnforcer, LimitsObserver
 from fleetgate.gateway.proxy.apis import APIS
 from fleetgate.gateway.proxy.observer import CompositeObserver
@@ -60,8 +73,9 @@ from fleetgate.gateway.settings import Settings
 from fleetgate.gateway.state import AppState, build_generation, served_models
 from fleetgate.gateway.telemetry import build_telemetry
 from fleetgate.gateway.telemetry import routes as telemetry_routes
+from fleetgate.gateway.telemetry.spend import SpendCollector
 from fleetgate.routing import Router
-from fleetgate.state.store import create_stores, new_replica_id
+from fleetgate.state.store import Stores, create_stores, new_replica_id
 from fleetgate.state.sync import PeerSync
 
 log = logging.getLogger("fleetgate")
@@ -92,7 +106,7 @@ def create_app(settings: Settings, overrides: Overrides | None = None) -> FastAP
                   description="OpenAI-compatible inference gateway for mixed AMD + NVIDIA "
                               "GPU fleets: routes by live latency, queue depth and $/GPU-hour.",
                   docs_url="/docs", redoc_url=None, openapi_url="/openapi.json",
-                  middleware=[Middleware(AdminGate)],
+                  middleware=[Middleware(AdminGate)], redirect_slashes=False,
                   exception_handlers={
                       GatewayError: _gateway_error,
                       RequestValidationError: _invalid_request,
@@ -100,9 +114,11 @@ def create_app(settings: Settings, overrides: Overrides | None = None) -> FastAP
                       Exception: _unexpected_error,
                   })
     app.router.routes.extend(openai.routes)
-    for router in (health.router, admin.router, workers.router, telemetry_routes.router):
+    for router in (health.router, admin.router, workers.router, telemetry_routes.router,
+                   dashboard_router):
         app.include_router(router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    app.state.stop_streams = asyncio.Event()  # set at the shutdown deadline (server.py)
     return app
 
 
@@ -182,51 +198,138 @@ async def _start(app: FastAPI, settings: Settings, overrides: Overrides,
                         settings.total_timeout_s)
     shadow = ShadowMirror(current, backend, timeouts, lambda: current().fleet.clock())
     stack.push_async_callback(shadow.drain)
-    proxy = ProxyService(current, backend, timeouts, DecisionLog(),
+    replica_id = new_replica_id()
+    proxy = ProxyService(current, backend, timeouts, DecisionLog(replica=replica_id),
                          observer=CompositeObserver(telemetry.observer, LimitsObserver(limits),
                                                     shadow))
     state = AppState(settings, config, gen, proxy, http, time.time(),
                      served_models(gen.fleet.config), asyncio.Lock(), KeyTable(config.auth),
-                     limits, stores=stores)
+                     limits, stores=stores, ledger=telemetry.ledger)
     state.shadow = shadow
+    stack.push_async_callback(state.close_retiring)
     ref.append(state)
+    telemetry.registry.register(SpendCollector(lambda: ref[0] if ref else None))
     app.state.fleetgate = state
-    sync = PeerSync(stores.shared, new_replica_id(), lambda: current().fleet,
+    sync = PeerSync(stores.shared, replica_id, lambda: current().fleet,
                     settings.sync_interval_s)
     state.sync = sync
-    for job in (sync.run(), _expire_registrations(state)):
+    costs = CostPublisher(stores, telemetry.ledger, replica_id)
+    for job in (sync.run(), _fleet_sync(state, costs, settings.sync_interval_s)):
         task = asyncio.create_task(job)
         stack.callback(task.cancel)
+    stack.push_async_callback(costs.publish)  # the last charges, before the store closes
     return state
 
 
-async def _expire_registrations(state: AppState) -> None:
-    """Remove workers whose heartbeat lapsed (checked every second)."""
+COSTS_TTL_S = 35 * 86400.0  # a replica's cost snapshot outlives it by this much
+COSTS_REFRESH_S = 3600.0  # republished unchanged this often (its TTL restarts)
+
+
+@dataclass(slots=True)
+class CostPublisher:
+    """Publishes this replica's ledger snapshot to the shared store when it changed."""
+
+    stores: Stores
+    ledger: CostLedger
+    replica_id: str
+    _version: int = -1
+    _at: float = 0.0
+
+    async def publish(self, force: bool = False) -> None:
+        version, now = self.ledger.version(), time.monotonic()
+        if not force and version == self._version and now - self._at < COSTS_REFRESH_S:
+            return
+        await self.stores.shared.publish_costs(self.replica_id,
+                                               self.ledger.snapshot().encode(), COSTS_TTL_S)
+        if not getattr(self.stores.shared, "degraded", False):
+            self._version, self._at = version, now
+
+
+async def _fleet_sync(state: AppState, costs: CostPublisher, interval_s: float) -> None:
+    """Every sync interval (at most 1 s): adopt the fleet's worker registrations (and expire
+    lapsed ones), and publish this replica's costs when they changed."""
+    every = min(1.0, interval_s)
     while True:
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(every)
         try:
-            await state.deregister(now=time.monotonic())
+            await state.sync_registrations(time.monotonic())
         except Exception:
-            log.exception("could not remove expired workers")
+            log.exception("could not sync the fleet's registrations")
+        try:
+            await costs.publish()
+        except Exception:
+            log.exception("could not publish this replica's costs")
 
 
 class AdminGate:
-    """``/admin/*`` needs an admin key once the config has keys (pure ASGI: no overhead
-    for other paths)."""
+    """``/admin/*`` and ``/metrics`` (tenants and their spend) need an admin key once the
+    config has keys; ``/metrics`` stays open on an open gateway. An admin request that
+    changes something (not GET/HEAD) must come from no browser origin or the gateway's own
+    (a web page's cross-origin POST is refused, open mode included), a body must be
+    ``application/json`` (415: a ``text/plain`` POST needs no CORS preflight) and at most
+    ``ADMIN_MAX_BODY_BYTES`` (413), read here before the route sees it. Pure ASGI: no
+    overhead for other paths."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/admin"):
+        path = scope["path"] if scope["type"] == "http" else ""
+        if path.startswith("/admin") or path == "/metrics":
             state: AppState | None = getattr(scope["app"].state, "fleetgate", None)
-            if state is not None:
-                try:
-                    state.keys.authorize_admin(Headers(scope=scope))
-                except GatewayError as exc:
-                    await error_response(exc)(scope, receive, send)
-                    return
+            headers = Headers(scope=scope)
+            try:
+                if state is not None:
+                    state.keys.authorize_admin(headers)
+                if path.startswith("/admin") and scope["method"] not in ("GET", "HEAD"):
+                    deadline = state.settings.body_timeout_s if state is not None else 30.0
+                    receive = await _admin_body(headers, receive, deadline)
+            except GatewayError as exc:
+                await error_response(exc)(scope, receive, send)
+                return
         await self.app(scope, receive, send)
+
+
+ADMIN_MAX_BODY_BYTES = 64 * 1024
+
+
+async def _admin_body(headers: Headers, receive: Receive, timeout_s: float) -> Receive:
+    """Check an admin write (``AdminGate``) and read its body (within ``timeout_s``: 408);
+    returns a ``receive`` that replays it."""
+    origin = headers.get("origin")
+    if origin is not None and urlsplit(origin).netloc != headers.get("host"):
+        raise Forbidden(f"admin requests from another origin ({origin[:100]}) are refused")
+    declared = headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > ADMIN_MAX_BODY_BYTES:
+        raise PayloadTooLarge(f"admin request body exceeds {ADMIN_MAX_BODY_BYTES} bytes")
+    body, more = b"", True
+    try:
+        async with asyncio.timeout(timeout_s):
+            while more:
+                message = await receive()
+                if message["type"] != "http.request":
+                    break
+                body += message.get("body", b"")
+                more = message.get("more_body", False)
+                if len(body) > ADMIN_MAX_BODY_BYTES:
+                    raise PayloadTooLarge(
+                        f"admin request body exceeds {ADMIN_MAX_BODY_BYTES} bytes")
+    except TimeoutError:
+        raise RequestTimeout(f"request body not received within {timeout_s:g} s") from None
+    kind = headers.get("content-type", "").split(";")[0].strip().lower()
+    if body and kind != "application/json":
+        raise UnsupportedMediaType(f"admin request bodies must be application/json, "
+                                   f"not {kind[:100] or 'unspecified'}")
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if replayed:
+            return await receive()
+        replayed = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
 
 
 def _install_sighup(state: AppState) -> None:
@@ -259,7 +362,9 @@ def _announce(config: FleetConfig, state: AppState) -> None:
 
 
 def _request_id_header(request: Request) -> dict[str, str]:
-    rid = getattr(request.state, "request_id", None) or request.headers.get("x-request-id")
+    rid = getattr(request.state, "request_id", None)
+    if rid is None and (given := request.headers.get("x-request-id")) is not None:
+        rid = request_id_of(given)  # the one policy: bounded, a safe charset
     return {"x-request-id": rid} if rid else {}
 
 

@@ -18,6 +18,12 @@ and cancelled attempts used the GPU and are charged by the same rule, but tallie
 (``failed_usd``) so waste is visible. $/Mtok and tokens per $ are per *output* token, like
 the router's, ``/admin/endpoints`` and the engines' own throughput counters.
 
+Fleet-wide: every replica keeps its own ledger and publishes a snapshot of it (``snapshot``:
+absolute totals, so a retried or repeated publish never counts twice) to the shared store
+every sync interval; ``report(peers=...)`` adds the other replicas' latest snapshots to this
+one's live tallies, so ``/admin/costs`` at any replica shows the whole fleet, with a
+per-replica breakdown (``replicas``).
+
 May touch: backends endpoint descriptions. Must not touch: HTTP, telemetry libraries, clocks
 other than the injected one.
 """
@@ -25,9 +31,11 @@ other than the injected one.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
+
+import orjson
 
 from fleetgate.catalog.pricing import charge_usd, replica_seconds
 from fleetgate.routing import Endpoint
@@ -88,6 +96,45 @@ class PoolFacts:
     price_per_gpu_hour: float
 
 
+TALLY_FIELDS = tuple(f.name for f in fields(Tally))
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerSnapshot:
+    """One replica's ledger as published to the shared store (``CostLedger.snapshot``)."""
+
+    since: float
+    at: float
+    tallies: dict[tuple[str, str, str], Tally]
+    pools: dict[str, PoolFacts]
+
+    def encode(self) -> bytes:
+        return orjson.dumps({
+            "since": self.since, "at": self.at, "fields": TALLY_FIELDS,
+            "tallies": [[*k, *(getattr(t, n) for n in TALLY_FIELDS)]
+                        for k, t in self.tallies.items()],
+            "pools": {p: [f.accelerator, f.vendor, f.engine, f.gpus_per_replica,
+                          f.price_per_gpu_hour] for p, f in self.pools.items()}})
+
+    @staticmethod
+    def decode(blob: bytes) -> LedgerSnapshot:
+        """Inverse of ``encode``; a malformed blob raises ``ValueError``. Tally fields are
+        matched by name, so replicas of other versions add what both know."""
+        try:
+            raw = orjson.loads(blob)
+            names = list(raw["fields"])
+            tallies = {}
+            for row in raw["tallies"]:
+                values = dict(zip(names, row[3:], strict=True))
+                tallies[(str(row[0]), str(row[1]), str(row[2]))] = Tally(
+                    **{n: type(getattr(Tally(), n))(values[n]) for n in TALLY_FIELDS
+                       if n in values})
+            pools = {p: PoolFacts(*f) for p, f in raw["pools"].items()}
+            return LedgerSnapshot(float(raw["since"]), float(raw["at"]), tallies, pools)
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"malformed cost snapshot: {exc}") from exc
+
+
 class CostLedger:
     """Per (pool, model, tenant) tallies; aggregated per pool, model and tenant on demand."""
 
@@ -111,16 +158,46 @@ class CostLedger:
     def total_usd(self) -> float:
         return sum(t.usd for t in self._tallies.values())
 
-    def report(self) -> dict[str, Any]:
-        """The body of ``GET /admin/costs``."""
-        items = list(self._tallies.items())
+    def version(self) -> int:
+        """Changes whenever a charge or a request is added (to skip unchanged publishes)."""
+        return sum(t.attempts + t.requests for t in self._tallies.values())
+
+    def snapshot(self) -> LedgerSnapshot:
+        """A copy of every tally now, for the other replicas."""
+        tallies = {}
+        for k, t in self._tallies.items():
+            copy = Tally()
+            copy.merge(t)
+            tallies[k] = copy
+        return LedgerSnapshot(self.since, self._clock(), tallies, dict(self._pools))
+
+    def report(self, replica: str | None = None,
+               peers: Mapping[str, LedgerSnapshot] | None = None) -> dict[str, Any]:
+        """The body of ``GET /admin/costs``: this ledger (as ``replica``) plus the other
+        replicas' latest snapshots (``peers``, replica id -> snapshot; this replica's own
+        id, if there, is ignored: the live ledger is newer)."""
+        now = self._clock()
+        own = self.snapshot()
+        ledgers = {replica or "local": own}
+        for rid, snap in sorted((peers or {}).items()):
+            ledgers.setdefault(rid, snap)
+        items = [(k, t) for snap in ledgers.values() for k, t in snap.tallies.items()]
+        facts_of: dict[str, PoolFacts] = {}
+        for snap in [*(s for s in ledgers.values() if s is not own), own]:
+            facts_of.update(snap.pools)  # this replica's own facts win
         pools = []
         for pool, tally in _group(items, lambda k: k[0]):
-            facts = self._pools.get(pool)
+            facts = facts_of.get(pool)
             pools.append({"pool": pool, **(_facts(facts) if facts else {}), **_row(tally)})
+        since = min(snap.since for snap in ledgers.values())
         return {
-            "since": self.since,
-            "seconds": round(self._clock() - self.since, 3),
+            "since": since,
+            "seconds": round(now - since, 3),
+            "replica": replica,
+            "replicas": [{"replica": rid, "since": snap.since,
+                          "as_of": now if snap is own else snap.at,
+                          **_row(_sum(snap.tallies.values()))}
+                         for rid, snap in ledgers.items()],
             "rule": "charge = price_per_gpu_hour * gpus_per_replica / 3600 * e2e_s / "
                     "mean_concurrency; $/Mtok and tokens_per_usd count output tokens",
             "total": _row(_sum(t for _, t in items)),

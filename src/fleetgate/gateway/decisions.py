@@ -1,7 +1,8 @@
 """The decision log: the last routing decisions, explainable on demand.
 
-Each entry keeps the ``Decision`` (arrays, cheap to keep) plus the request id, the time and
-the outcome of the attempts; ``explain`` renders the candidates' per-scorer scores and
+Each entry keeps the ``Decision`` (arrays, cheap to keep) plus the request id, the time, the
+replica that routed it (its replica id, as in ``/admin/endpoints``) and the outcome of the
+attempts; ``explain`` renders the candidates' per-scorer scores and
 estimates only when ``/admin/decisions`` asks. The log keeps the last ``size`` decisions,
 or fewer when their candidates add up to more than ``max_candidates`` (a decision keeps
 ~150 bytes per candidate: 1,000 decisions over 1,000 endpoints would hold 150 MB).
@@ -27,12 +28,14 @@ class DecisionEntry:
     request_id: str
     decision: Decision
     attempts: list[dict[str, Any]] = field(default_factory=list)
+    replica: str | None = None
 
     def explain(self, candidates: int | None = None) -> dict[str, Any]:
         out = self.decision.explain(candidates)
         chosen = self.decision.chosen
         out.update({
-            "at": self.at, "request_id": self.request_id, "attempts": self.attempts,
+            "at": self.at, "request_id": self.request_id, "replica": self.replica,
+            "attempts": self.attempts,
             "estimated_usd_per_mtok": self.decision.estimate("usd_per_mtok"),
             "estimated_ttft_s": self.decision.estimate("ttft_s"),
             "estimated_tpot_s": self.decision.estimate("tpot_s"),
@@ -42,13 +45,15 @@ class DecisionEntry:
 
 
 class DecisionLog:
-    def __init__(self, size: int = 1000, max_candidates: int = 100_000) -> None:
+    def __init__(self, size: int = 1000, max_candidates: int = 100_000,
+                 replica: str | None = None) -> None:
+        self.replica = replica
         self._entries: deque[DecisionEntry] = deque()
         self._size, self._max_candidates = size, max_candidates
         self._candidates = 0
 
     def record(self, request_id: str, decision: Decision) -> DecisionEntry:
-        entry = DecisionEntry(time.time(), request_id, decision)
+        entry = DecisionEntry(time.time(), request_id, decision, replica=self.replica)
         self._entries.append(entry)
         self._candidates += len(decision.idx)
         while len(self._entries) > 1 and (len(self._entries) > self._size

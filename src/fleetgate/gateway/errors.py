@@ -20,7 +20,9 @@ _TYPES = {
     401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     429: "rate_limit_error",
     500: "internal_error",
     502: "upstream_error",
@@ -92,9 +94,24 @@ class NotFound(GatewayError):
     code = "model_not_found"
 
 
+class RequestTimeout(GatewayError):
+    """The request did not arrive in time (a body that never finishes)."""
+
+    status = 408
+    code = "request_timeout"
+
+    def __init__(self, message: str) -> None:  # the rest may still come: no reuse
+        super().__init__(message, headers={"connection": "close"})
+
+
 class PayloadTooLarge(GatewayError):
     status = 413
     code = "request_too_large"
+
+
+class UnsupportedMediaType(GatewayError):
+    status = 415
+    code = "unsupported_media_type"
 
 
 class Overloaded(GatewayError):

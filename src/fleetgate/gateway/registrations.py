@@ -8,8 +8,14 @@ registration whose heartbeat lapses (``ttl_s`` without one) is removed, as is on
 worker deletes on exit. Adding or removing an endpoint builds a new generation (the same
 path as a config reload), so in-flight requests finish where they started.
 
-Registrations are kept by this gateway process (each replica a worker registers with);
-a worker that should be routed by several replicas registers with each of them.
+Registrations live in the shared store (``SharedState.put_registration``: Redis when
+``FLEETGATE_REDIS_URL`` is set, one record per engine URL with the registration's TTL,
+refreshed by every heartbeat), so a worker registered at one replica is routed by every
+replica: each replica's registration sync (``AppState.sync_registrations``, every sync
+interval) reads the live registrations and rebuilds its generation when they changed.
+The store lists them in the order they first registered, so every replica merges them into
+the same endpoint ids (the replicas' load sync matches endpoints by id). While Redis is
+down a replica keeps the registrations it knew and expires them by their own TTL.
 
 May touch: config schema (to merge registrations into a fleet config). Must not touch: HTTP.
 """
@@ -56,6 +62,16 @@ class RegistrationBody(BaseModel):
 class Registration:
     body: RegistrationBody
     expires_at: float
+
+
+def encode(body: RegistrationBody) -> bytes:
+    """The record kept in the shared store."""
+    return body.model_dump_json().encode()
+
+
+def decode(record: bytes) -> RegistrationBody:
+    """Inverse of ``encode``; raises ``pydantic.ValidationError`` on a bad record."""
+    return RegistrationBody.model_validate_json(record)
 
 
 def merge(config: FleetConfig, registrations: list[Registration]) -> FleetConfig:

@@ -15,6 +15,9 @@
 | FLEETGATE_REDIS_PREFIX | fleetgate: | key prefix (several fleets on one Redis) |
 | FLEETGATE_SYNC_INTERVAL_S | 0.5 | how often replicas exchange per-endpoint load |
 | FLEETGATE_REQUEST_LOG | stderr | one JSON line per request: stderr, stdout or off |
+| FLEETGATE_HEADER_TIMEOUT_S | 10 | a request's headers must arrive within this (slowloris) |
+| FLEETGATE_BODY_TIMEOUT_S | 30 | a request's body must arrive within this (408 beyond) |
+| FLEETGATE_SHUTDOWN_TIMEOUT_S | 30 | on shutdown, streams still open then end with an error |
 
 Tracing is configured by the standard ``OTEL_*`` variables (``gateway/telemetry/tracing.py``).
 
@@ -48,6 +51,9 @@ class Settings(BaseModel):
     redis_prefix: str = "fleetgate:"
     sync_interval_s: float = Field(default=0.5, gt=0)
     request_log: Literal["stderr", "stdout", "off"] = "stderr"
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    body_timeout_s: float = Field(default=30.0, gt=0)
+    shutdown_timeout_s: float = Field(default=30.0, gt=0)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:

@@ -38,7 +38,9 @@ prior of ``prior.py`` corrected by the learned ``k_tpot``/``k_ttft``:
              tail and the stall is left out (capacity by the mean, rather than a fleet that
              turns everyone away). At least 1 when tpot(1) meets the SLO. Then
              B_slo = min(B_slo, slo_limit): the concurrency the endpoint was seen to meet the
-             SLO at, learned from the requests' own results (``state/learning.py``; NaN: none)
+             SLO at, learned from the requests' own results (``state/learning.py``; it starts
+             low and grows as requests meet the SLO, so a cold fleet is priced and filled at
+             the batch it has shown, not at the prior's guess)
     usd_per_mtok = usd_per_s * 1e6 * k_tpot * (step_base + per_seq * B_slo) / B_slo   (replica
              $/s over the tokens/s it sustains at the SLO; infinite when it cannot meet the SLO
              at all)
@@ -185,7 +187,9 @@ def _kernel(live: FloatArray, static: FloatArray, live_in: IntArray, static_in: 
             if batch < 1.0 and k_tpot * (base + ctx_cost) <= tpot_limit:
                 batch = 1.0  # it meets the SLO alone: one at a time
         limit = live[limit_r, i]
-        if limit > 0:  # NaN: nothing learned
+        if not (limit > 0 and (tpot_limit < np.inf or ttft_limit < np.inf)):
+            limit = np.nan  # a concurrency within an SLO: nothing to a policy without one
+        if limit > 0:
             batch = min(batch, max(np.floor(limit), 1.0))
         within = active + 1.0 <= batch
         usage = live[kv_usage_r, i]

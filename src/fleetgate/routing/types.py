@@ -131,7 +131,7 @@ class Snapshot:
     + queued)), ``queued`` (engine waiting queue from the last scrape plus dispatches since),
     ``kv_usage`` (0..1), ``k_tpot``/``k_ttft`` (learned corrections of the prior),
     ``prefill_tokens_per_s`` (prompt tokens dispatched to it per second, recently),
-    ``slo_limit`` (how many requests it was seen to run within the SLO; NaN: unknown),
+    ``slo_limit`` (how many requests it runs within the SLO, learned; NaN: none),
     ``prompt_tokens_mean`` / ``output_tokens_mean`` (the workload's: EWMAs over every request
     the gateway sent and saw finish, one value for the fleet; NaN: none yet),
     ``output_tokens_p2`` (the 2nd percentile of answers, likewise), ``health``

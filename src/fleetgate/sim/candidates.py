@@ -14,7 +14,10 @@ tensor_parallel: [1, 2]          # default: the smallest TP whose KV cache holds
 
 A row that cannot hold the model (TP too small) is left out. Each row's capacity is
 ``capacity.replica_capacity`` of an emulated engine with exactly that configuration, on the
-workload's own request mix and SLO.
+workload's own request mix and SLO, unless ``plan --capacities SWEEP.json`` measured it:
+``load_capacities`` reads a ``fleetgate bench sweep --json`` result, and a pool there whose
+(accelerator, engine, gpus_per_replica) is a row's takes the place of the estimate with its
+``per_replica`` rate and tokens/s (the sweep should use the workload's lengths and SLO).
 
 May touch: pydantic, yaml, the catalog, the emulator's config. Must not touch: routing.
 """
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import orjson
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -102,8 +106,32 @@ class Candidate:
         return Candidate(self.gpu, self.engine, self.stack, self.tp, price, self.capacity)
 
 
+Measured = dict[tuple[str, str, int], Capacity]  # (gpu, engine, tp) -> one replica's
+
+
+def load_capacities(path: str | Path) -> Measured:
+    """Per-replica capacities from a ``bench sweep --json`` file, keyed like plan's rows."""
+    try:
+        data = orjson.loads(Path(path).read_bytes())
+        out: Measured = {}
+        for _name, pool in (data.get("pools") or {}).items():
+            per = pool.get("per_replica")
+            if not per or not pool.get("accelerator") or not pool.get("engine"):
+                continue  # not a fleetgate pool, or nothing passed: keep the estimate
+            key = (str(pool["accelerator"]), str(pool["engine"]),
+                   int(pool.get("gpus_per_replica") or 1))
+            cap = pool.get("capacity") or {}
+            out[key] = Capacity(float(per["rate_per_s"]), float(per["tokens_per_s"]),
+                                float(per.get("concurrency") or 0.0),
+                                float(cap.get("slo_attainment") or 1.0))
+    except (OSError, orjson.JSONDecodeError, AttributeError, KeyError, TypeError,
+            ValueError) as exc:
+        raise ValueError(f"{path}: not a `fleetgate bench sweep --json` result ({exc})") from None
+    return out
+
+
 def candidates(model: str, gpus: list[str], sheet: PriceSheet, mix: Mix,
-               seed: int) -> list[Candidate]:
+               seed: int, measured: Measured | None = None) -> list[Candidate]:
     """Every row of the sheet for ``gpus`` that holds ``model``, with its measured capacity."""
     unknown = [g for g in gpus if g not in GPUS]
     if unknown:
@@ -120,7 +148,8 @@ def candidates(model: str, gpus: list[str], sheet: PriceSheet, mix: Mix,
                 for stack in sheet.stacks:
                     cfg = EmulatorConfig(engine=engine, gpu=gpu, served_models=[model],
                                          stack=stack, tp=tp)
-                    cap = replica_capacity(cfg, mix, seed)
+                    found = (measured or {}).get((gpu, engine, tp))
+                    cap = found if found is not None else replica_capacity(cfg, mix, seed)
                     if cap.rate_per_s > 0:
                         rows.append(Candidate(gpu, engine, stack, tp, sheet.price(gpu), cap))
     return rows

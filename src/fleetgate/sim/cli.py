@@ -84,11 +84,12 @@ def plan(
     duration: Annotated[Optional[float], typer.Option(help="seconds of arrivals to confirm with (default: the workload's)")] = None,  # noqa: E501, UP045
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write the plan as JSON")] = None,  # noqa: E501, UP045
     out: Annotated[Optional[Path], typer.Option(help="write the planned fleet as a config file")] = None,  # noqa: E501, UP045
+    capacities: Annotated[Optional[Path], typer.Option(help="measured per-replica capacities: a `fleetgate bench sweep --json` file")] = None,  # noqa: E501, UP045
 ) -> None:
     """The cheapest fleet that meets the workload's SLO (integer program + simulation)."""
     import yaml
 
-    from fleetgate.sim.candidates import load_prices
+    from fleetgate.sim.candidates import load_capacities, load_prices
     from fleetgate.sim.fleet import FleetError
     from fleetgate.sim.plan import plan as make_plan
     from fleetgate.sim.report import plan_tables, print_tables
@@ -99,7 +100,8 @@ def plan(
         work, sheet = load_workload(workload), load_prices(prices)
         wanted = [g.strip() for g in gpus.split(",") if g.strip()]
         t0 = time.perf_counter()
-        result = make_plan(work, sheet, wanted, seed, duration)
+        measured = load_capacities(capacities) if capacities is not None else None
+        result = make_plan(work, sheet, wanted, seed, duration, measured=measured)
     except (WorkloadError, FleetError, ValueError, OSError) as exc:
         raise _fail(str(exc)) from None
     typer.echo(f"planned in {time.perf_counter() - t0:.1f} s (wall)", err=True)

@@ -38,7 +38,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 
 from fleetgate.config.schema import FleetConfig
 from fleetgate.sim.arrivals import RequestSet
-from fleetgate.sim.candidates import Candidate, PriceSheet, candidates
+from fleetgate.sim.candidates import Candidate, Measured, PriceSheet, candidates
 from fleetgate.sim.capacity import TARGET
 from fleetgate.sim.run import simulate, workload_mix, workload_requests
 from fleetgate.sim.summary import sig
@@ -185,12 +185,13 @@ def break_even(gpu: str, rows: list[Candidate], demand: float, in_plan: bool) ->
 
 
 def plan(workload: Workload, sheet: PriceSheet, gpus: list[str], seed: int = 1,
-         duration_s: float | None = None, target: float = TARGET) -> dict[str, Any]:
+         duration_s: float | None = None, target: float = TARGET,
+         measured: Measured | None = None) -> dict[str, Any]:
     if workload.requests is None and workload.trace_path() is None:
         raise ValueError("the workload says nothing about its requests")
     requests, duration = workload_requests(workload, seed, duration_s)
     model = workload.requests.model if workload.requests else requests.models[0]
-    rows = candidates(model, gpus, sheet, workload_mix(workload, requests), seed)
+    rows = candidates(model, gpus, sheet, workload_mix(workload, requests), seed, measured)
     demand = design_rate(workload, requests, duration)
     if not rows:
         raise ValueError(f"none of {gpus} can hold {model}")
@@ -221,7 +222,8 @@ def plan(workload: Workload, sheet: PriceSheet, gpus: list[str], seed: int = 1,
                                                                      simulated, target))},
         "break_even": {g: sig(v) if (v := break_even(g, rows, design, g in in_plan)) is not None
                        else None for g in gpus},
-        "candidates": [_row_json(r) for r in rows],
+        "candidates": [{**_row_json(r), "capacity_source": "measured" if measured and (
+            r.gpu, r.engine, r.tp) in measured else "simulated"} for r in rows],
     }
 
 

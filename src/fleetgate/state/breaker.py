@@ -4,7 +4,9 @@ Breaker: ``closed`` -> ``open`` after ``failure_threshold`` consecutive failures
 ``cooldown_s`` it lets exactly one probe request through (``half_open``); that request's
 success closes it, its failure re-opens it for another cooldown. Counted as failures:
 connect errors, timeouts, 5xx and in-band 503s; client errors (4xx) are not the engine's
-fault and do not count.
+fault and do not count. A probe that ends without a verdict (a 4xx, the client leaving)
+frees the half-open slot (``on_no_verdict``): the next request is the probe, so an endpoint
+is never shut out for good by a probe that said nothing.
 
 Health: ``pending`` until the first probe answers; ``ready`` after a successful probe;
 ``not_ready`` after ``fails_to_not_ready`` failed probes in a row, or at once on a refused
@@ -48,6 +50,11 @@ class CircuitBreaker:
 
     def on_success(self) -> None:
         self.state, self.consecutive_failures, self.probe_in_flight = "closed", 0, False
+
+    def on_no_verdict(self) -> None:
+        """A request ended saying nothing about the engine (a 4xx, a cancelled request):
+        a half-open breaker lets the next request through as its probe."""
+        self.probe_in_flight = False
 
     def trip(self, now: float) -> None:
         """Open at once (a refused connection needs no second opinion)."""

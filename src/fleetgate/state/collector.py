@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import aiohttp
 
@@ -49,7 +49,9 @@ CAPACITY_REFRESH_S = 600.0
 
 class Collector:
     def __init__(self, endpoints: Sequence[Endpoint], live: LiveFleet,
-                 http: aiohttp.ClientSession, clock: Callable[[], float]) -> None:
+                 http: aiohttp.ClientSession, clock: Callable[[], float],
+                 before_tick: Callable[[], Awaitable[None]] | None = None) -> None:
+        self._before_tick = before_tick  # the fleet's: restart dead emulated engines
         self._endpoints = list(endpoints)
         self._live = live
         self._http = http
@@ -60,6 +62,8 @@ class Collector:
         self._capacity_due = [0.0] * len(self._endpoints)  # clock time of the next read
 
     async def tick(self) -> None:
+        if self._before_tick is not None:
+            await self._before_tick()
         await asyncio.gather(*(self._one(i, ep) for i, ep in enumerate(self._endpoints)))
         self._live.tick(self._clock())
         self.ticks += 1

@@ -66,7 +66,8 @@ class Fleet:
             carried = self.live.inherit(inherit, self.clock())
             log.info("live state of %d of %d endpoints carried over", carried,
                      len(self.endpoints))
-        self.collector = Collector(self.endpoints, self.live, self._http, lambda: self.clock())
+        self.collector = Collector(self.endpoints, self.live, self._http, lambda: self.clock(),
+                                   before_tick=self.revive_emulators)
         await self.collector.tick()
         self._task = asyncio.create_task(self.collector.run(self._interval),
                                          name="fleetgate-collector")
@@ -79,6 +80,45 @@ class Fleet:
         doomed = [h for key, h in self.emulators.items() if key not in (keep or set())]
         await asyncio.gather(*(h.stop() for h in doomed), return_exceptions=True)
 
+    async def revive_emulators(self) -> None:
+        """Restart every emulated engine that exited, on its old port (its URL, so the
+        routing and live state stand; the collector reads its capacity again as after any
+        restart). Runs before each collector tick; one that cannot start is tried again at
+        the next."""
+        for key, handle in list(self.emulators.items()):
+            if handle.returncode is None:
+                continue
+            ep = next(e for e in self.endpoints if e.is_emulated and _emulator_key(e) == key)
+            try:
+                fresh = await _launch(ep, urlsplit(handle.url).port or 0)
+            except Exception as exc:
+                log.warning("emulated engine %s exited and could not be restarted: %s",
+                            ep.id, exc)
+                continue
+            await handle.stop()  # closes its pipe
+            self.emulators[key] = fresh
+            log.warning("emulated engine %s had exited (code %s); restarted at %s", ep.id,
+                        handle.returncode, fresh.url)
+
+    async def retire(self, keep: set[str], drain_timeout_s: float, poll_s: float = 0.1) -> None:
+        """This fleet was replaced (a reload): stop collecting now, and stop its emulated
+        engines not in ``keep`` once the requests it dispatched to them have ended (their
+        in-flight counts stay on this fleet's live state), at most ``drain_timeout_s`` later.
+        Cancelled (the gateway shuts down), it stops them at once."""
+        if self._task:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        draining = [i for i, ep in enumerate(self.endpoints)
+                    if ep.is_emulated and _emulator_key(ep) not in keep]
+        loop = asyncio.get_running_loop()
+        end = loop.time() + drain_timeout_s
+        try:
+            while loop.time() < end and any(self.live.value(i, "in_flight") > 0
+                                            for i in draining):
+                await asyncio.sleep(poll_s)
+        finally:
+            await self.stop(keep)
+
     def snapshot(self) -> Snapshot:
         return self.live.snapshot(self.clock())
 
@@ -90,7 +130,9 @@ class Fleet:
 
     async def _start_emulators(self, adopt: dict[str, EmulatorHandle]) -> None:
         wanted = {_emulator_key(ep): ep for ep in self.endpoints if ep.is_emulated}
-        self.emulators = {k: h for k, h in adopt.items() if k in wanted}
+        dead = [h for k, h in adopt.items() if k in wanted and h.returncode is not None]
+        await asyncio.gather(*(h.stop() for h in dead))  # a reload starts them anew
+        self.emulators = {k: h for k, h in adopt.items() if k in wanted and h not in dead}
         missing = [k for k in wanted if k not in self.emulators]
         results = await asyncio.gather(*(_launch(wanted[k]) for k in missing),
                                        return_exceptions=True)
@@ -162,7 +204,7 @@ def _query(source: str) -> dict[str, str]:
     return {k: v[-1] for k, v in parse_qs(urlsplit(source).query).items()}
 
 
-async def _launch(ep: Endpoint) -> EmulatorHandle:
+async def _launch(ep: Endpoint, port: int = 0) -> EmulatorHandle:
     from fleetgate.emulator import start_emulator  # only a fleet with emulated:// needs it
 
     parts = urlsplit(ep.source)
@@ -178,4 +220,5 @@ async def _launch(ep: Endpoint) -> EmulatorHandle:
         max_queued_requests=int(query["max_queued_requests"])
         if "max_queued_requests" in query else None,
         max_model_len=ep.max_model_len,
+        port=port,
     )

@@ -33,16 +33,20 @@ router predicted to meet the SLO, and only once misses are more than a tail: an 
 "99% of requests" allows 1%, so the limit reacts when the endpoint's recent miss rate (an
 EWMA over about 1 / MISS_ALPHA judged results) passes TARGET_MISS_RATE:
 
+    start : INITIAL_LIMIT, in slow start (as TCP): +1 per request met at the limit, so it
+            doubles every round until the first decrease
     miss  : when miss rate > TARGET_MISS_RATE, limit = DECREASE * min(limit, active at
             dispatch), at most once per DECREASE_EVERY_S (what was dispatched before a
-            decrease is still draining: its misses say nothing about the new limit)
+            decrease is still draining: its misses say nothing about the new limit); slow
+            start ends
     met   : with active at dispatch >= limit - 1, limit += INCREASE
     idle  : with no result for IDLE_S, the limit grows back by e every LIMIT_RELAX_S
 
-NaN until the first miss: the prior alone decides. An endpoint's first learned limit is
-also given to its siblings that have none yet (``siblings``: the replicas with the same
-prior: same GPU, engine, model and speed), so the other replicas of a pool do not each
-have to fail before they are believed.
+Slow start keeps a cold fleet from being packed to the prior's capacity guess before any
+request has told how the endpoint really does. An endpoint's first decrease is also given
+to its siblings still in slow start (``siblings``: the replicas with the same prior: same
+GPU, engine, model and speed), so the other replicas of a pool do not each have to fail
+before they are believed.
 
 May touch: numpy. Must not touch: I/O, clocks (``now`` comes from the caller).
 """
@@ -63,6 +67,7 @@ MAX_LOG_RATE = math.log(2.0)  # per second: k at most doubles or halves in a sec
 IDLE_S = 10.0
 RELAX_S = 30.0
 DECREASE = 0.9
+INITIAL_LIMIT = 16.0
 DECREASE_EVERY_S = 10.0
 INCREASE = 0.3
 TARGET_MISS_RATE = 0.005
@@ -133,9 +138,11 @@ class SloLimits:
     """Per endpoint, the concurrency it meets the SLO at (a row of the live matrix)."""
 
     def __init__(self, row: FloatArray, siblings: list[list[int]]) -> None:
-        self.limit = row  # NaN: nothing learned
+        self.limit = row  # a row of the live matrix
+        self.limit[:] = INITIAL_LIMIT
         self.siblings = siblings  # per endpoint: the others with the same prior
         n = row.shape[0]
+        self.slow_start = np.ones(n, dtype=bool)
         self.miss_rate = np.zeros(n)
         self.decreased_at = np.full(n, -np.inf)
         self.last_result = np.full(n, -np.inf)
@@ -148,18 +155,18 @@ class SloLimits:
         if not met:
             if (self.miss_rate[i] > TARGET_MISS_RATE and sample.active > 1
                     and now - self.decreased_at[i] >= DECREASE_EVERY_S):
-                base = sample.active if math.isnan(limit) else min(limit, sample.active)
-                self.limit[i] = max(1.0, DECREASE * base)
+                self.limit[i] = max(1.0, DECREASE * min(limit, sample.active))
                 self.decreased_at[i] = now
-                for j in self.siblings[i] if math.isnan(limit) else ():
-                    if math.isnan(self.limit[j]):
-                        self.limit[j] = self.limit[i]
+                for j in self.siblings[i] if self.slow_start[i] else ():
+                    if self.slow_start[j]:
+                        self.limit[j], self.slow_start[j] = self.limit[i], False
                         self.last_result[j] = self.last_relax[j] = now
-        elif limit > 0 and sample.active >= limit - 1:
-            self.limit[i] = limit + INCREASE
+                self.slow_start[i] = False
+        elif sample.active >= limit - 1:
+            self.limit[i] = limit + (1.0 if self.slow_start[i] else INCREASE)
 
     def relax(self, now: float) -> None:
-        idle = (now - self.last_result >= IDLE_S) & (self.limit > 0)
+        idle = (now - self.last_result >= IDLE_S) & (self.last_result > -np.inf)
         if not idle.any():
             return
         since = now - np.maximum(self.last_relax, self.last_result + IDLE_S)
@@ -168,5 +175,6 @@ class SloLimits:
 
     def carry(self, i: int, old: SloLimits, j: int) -> None:
         self.limit[i], self.miss_rate[i] = old.limit[j], old.miss_rate[j]
+        self.slow_start[i] = old.slow_start[j]
         self.decreased_at[i], self.last_result[i] = old.decreased_at[j], old.last_result[j]
         self.last_relax[i] = old.last_relax[j]

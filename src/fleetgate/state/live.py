@@ -125,8 +125,8 @@ class LiveFleet:
         self.k_ttft = Corrections(self._live[_ROW["k_ttft"]])
         self.k_tpot = Corrections(self._live[_ROW["k_tpot"]])
         same = [tuple(self._static[_PRIOR_ROWS, i]) for i in range(n)]
-        self.slo_limits = SloLimits(self._live[_ROW["slo_limit"]], [
-            [j for j in range(n) if j != i and same[j] == same[i]] for i in range(n)])
+        siblings = [[j for j in range(n) if j != i and same[j] == same[i]] for i in range(n)]
+        self.slo_limits = SloLimits(self._live[_ROW["slo_limit"]], siblings)
         self.stale_after_s = stale_after_s
         self.stats = [EndpointStats(CircuitBreaker(breaker_threshold, breaker_cooldown_s))
                       for _ in self.endpoints]
@@ -264,6 +264,7 @@ class LiveFleet:
         st = self.stats[i]
         st.failures += 1
         if not counts_against_engine:
+            self._no_verdict(i)
             return
         self._ewma("error_rate", i, 1.0)
         st.breaker.on_failure(now)
@@ -274,6 +275,16 @@ class LiveFleet:
     def on_cancel(self, i: int) -> None:
         """The client went away: free the slot, learn nothing."""
         self._release(i)
+        self._no_verdict(i)
+
+    def _no_verdict(self, i: int) -> None:
+        """A request ended without judging the engine: a half-open breaker's probe slot is
+        free again (else the endpoint would stay excluded until a reload)."""
+        breaker = self.stats[i].breaker
+        breaker.on_no_verdict()
+        if breaker.state == "half_open" and self._live[_BLOCK, i] == np.inf:
+            self._live[_BLOCK, i] = 0.0
+            self._derive_usable(i)
 
     def on_refused(self, i: int, now: float, detail: str) -> None:
         """The engine refused a connection: not ready, and its breaker opens at once."""

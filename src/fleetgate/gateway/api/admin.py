@@ -10,11 +10,13 @@
 - ``GET /admin/decisions?limit=N&candidates=K``: the last N routing decisions, newest
   first, each with every candidate (or its best K) and their per-scorer scores and
   estimates, the rejected endpoints with the reason, the chosen endpoint and the reason.
-- ``GET /admin/costs``: what the traffic cost since start, per pool, per model, per pool and
-  model, and per tenant: requests, tokens, GPU-hours, $ (failed attempts' share apart),
-  $/Mtok and tokens per $ (output tokens, like the router), from the cost ledger
-  (``gateway/costs.py`` has the attribution rule). Each pool row also carries its current
-  price and measured fleet $/Mtok from the live state for comparison.
+- ``GET /admin/costs``: what the fleet's traffic cost (this replica's ledger plus the other
+  replicas' latest snapshots from the shared store, ``replicas`` lists each one's part),
+  per pool, per model, per pool and model, and per tenant: requests, tokens, GPU-hours,
+  $ (failed attempts' share apart), $/Mtok and tokens per $ (output tokens, like the
+  router), from the cost ledger (``gateway/costs.py`` has the attribution rule). Each pool
+  row also carries its current price and measured fleet $/Mtok from the live state for
+  comparison.
 - ``POST /admin/reload``: re-read the config; a bad file changes nothing and the answer
   lists each error with its YAML path (HTTP 400).
 
@@ -23,6 +25,7 @@ May touch: starlette, the app state. Must not touch: backends.
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from typing import Any
 
@@ -38,10 +41,13 @@ from fleetgate.gateway.api.schemas import (
     ErrorEnvelope,
     ReloadResult,
 )
+from fleetgate.gateway.costs import LedgerSnapshot
 from fleetgate.gateway.errors import envelope
 from fleetgate.gateway.state import AppState
 from fleetgate.gateway.telemetry.routes import telemetry_of
 from fleetgate.state.fleet import prior_of
+
+log = logging.getLogger("fleetgate")
 
 
 def _state(request: Request) -> AppState:
@@ -124,8 +130,20 @@ async def decisions(request: Request, limit: int = Query(20, ge=1, le=1000),
 
 @router.get("/costs", response_model=CostsReport)
 async def costs(request: Request) -> dict[str, Any]:
-    """What the traffic cost since start, per pool, model, pool and model, and tenant."""
-    report = telemetry_of(request).ledger.report()
+    """What the fleet's traffic cost: this replica's ledger plus every other replica's latest
+    snapshot, per pool, model, pool and model, tenant and replica."""
+    state = _state(request)
+    own = state.sync.replica_id if state.sync else None
+    peers: dict[str, LedgerSnapshot] = {}
+    if state.stores is not None:
+        for rid, blob in (await state.stores.shared.costs()).items():
+            if rid == own:
+                continue
+            try:
+                peers[rid] = LedgerSnapshot.decode(blob)
+            except ValueError:
+                log.debug("skipping a malformed cost snapshot of replica %r", rid)
+    report = telemetry_of(request).ledger.report(own, peers)
     live = {p["pool"]: p for p in pool_rows(endpoint_rows(_state(request)))}
     for row in report["pools"]:
         now = live.get(row["pool"])

@@ -24,13 +24,15 @@ May touch: starlette Request, orjson, gateway errors. Must not touch: backends.
 
 from __future__ import annotations
 
+import asyncio
+import uuid
 from collections.abc import Callable
 from typing import Any
 
 import orjson
 from starlette.requests import Request
 
-from fleetgate.gateway.errors import BadRequest, PayloadTooLarge
+from fleetgate.gateway.errors import BadRequest, PayloadTooLarge, RequestTimeout
 from fleetgate.routing import RoutingRequest
 from fleetgate.routing.plugins.prefix_cache import chunk_hashes
 
@@ -40,30 +42,73 @@ OUTPUT_CAPS = {"chat": ("max_completion_tokens", "max_tokens"), "completions": (
                "embeddings": ()}
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int, timeout_s: float | None = None) -> bytes:
+    """The whole body, at most ``limit`` bytes (413), within ``timeout_s`` (408: a body
+    that never finishes holds no connection and no handler for ever)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"request body of {declared} bytes exceeds the {limit}-byte limit")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"request body exceeds the {limit}-byte limit")
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise PayloadTooLarge(f"request body exceeds the {limit}-byte limit")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise RequestTimeout(f"request body not received within {timeout_s:g} s "
+                             f"({size} bytes arrived)") from None
     return b"".join(chunks)
 
 
 def decode_json(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object, nested at most ``MAX_JSON_DEPTH`` deep (orjson itself
+    reads 1,024 levels but writes only 254: a deeper body would fail when forwarded)."""
     if not raw:
         raise BadRequest("request body is empty; expected a JSON object")
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
+        if "depth" in str(exc):
+            raise BadRequest(_TOO_DEEP) from None
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
+    if _too_deep(body):
+        raise BadRequest(_TOO_DEEP)
     return body
+
+
+MAX_JSON_DEPTH = 128
+_TOO_DEEP = f"request body is nested deeper than {MAX_JSON_DEPTH} levels"
+
+
+def _too_deep(value: dict[str, Any]) -> bool:
+    """Whether any container lies more than ``MAX_JSON_DEPTH`` levels down (iterative)."""
+    level: list[Any] = [value]
+    for _ in range(MAX_JSON_DEPTH):
+        level = [child for node in level
+                 for child in (node.values() if isinstance(node, dict) else node)
+                 if isinstance(child, dict | list)]
+        if not level:
+            return False
+    return True
+
+
+REQUEST_ID_MAX = 128
+_REQUEST_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                              "0123456789-_.:/+=@")
+
+
+def request_id_of(given: str | None) -> str:
+    """The request id: the client's ``x-request-id`` when it is 1-128 characters of
+    ``[A-Za-z0-9-_.:/+=@]`` (echoed, forwarded upstream and logged as is), else a new one.
+    A longer or non-ASCII id would be echoed unbounded or garbled upstream."""
+    if given and len(given) <= REQUEST_ID_MAX and _REQUEST_ID_CHARS.issuperset(given):
+        return given
+    return uuid.uuid4().hex
 
 
 def routing_request(api: str, body: dict[str, Any], request: Request) -> RoutingRequest:
@@ -164,8 +209,15 @@ def _content_chars(content: Any) -> int:
     if isinstance(content, str):
         return len(content)
     if isinstance(content, list):
-        return sum(len(text) for p in content
-                   if isinstance(p, dict) and isinstance(text := p.get("text"), str))
+        total = 0
+        for part in content:
+            if not isinstance(part, dict) or "text" not in part:
+                continue
+            text = part["text"]
+            if not isinstance(text, str):  # engines answer a 500 to a number, null or true
+                raise BadRequest("a content part's 'text' must be a string", param="content")
+            total += len(text)
+        return total
     return 0
 
 

@@ -17,7 +17,9 @@ usage inside the final ``response`` object; a Messages stream reports input toke
 streams get ``stream_options.include_usage`` added upstream (the engines send usage only
 when asked); the other streams always carry it.
 
-Errors written into a stream that broke after its first byte take the API's own shape: an
+A chat or completions stream that breaks after its first byte continues on another endpoint
+(``resumes``: stream.py, mid-stream resume); where that cannot be done, and for the other APIs,
+errors written into a stream that broke after its first byte take the API's own shape: an
 OpenAI error object and ``[DONE]`` for chat/completions, an ``error`` event for Responses
 (``{"type": "error", "code", "message"}``) and for Messages (``{"type": "error", "error":
 {"type", "message"}}``).
@@ -46,6 +48,7 @@ class Api:
     usage_out: str | None
     asks_usage: bool  # add stream_options.include_usage upstream
     prompt_param: str = "messages"  # the prompt's field: what a context_length_exceeded names
+    resumes: bool = False  # a stream broken mid-way continues elsewhere (stream.py)
 
     def usage(self, raw: dict[str, Any] | None) -> dict[str, int] | None:
         """The engine's usage object in chat terms (prompt/completion/total tokens)."""
@@ -97,9 +100,9 @@ def _int(value: Any) -> int:
 _DONE = (b"data: [DONE]",)
 APIS: dict[str, Api] = {a.name: a for a in (
     Api("chat", "/v1/chat/completions", True, _DONE, None, "prompt_tokens",
-        "completion_tokens", True),
+        "completion_tokens", True, resumes=True),
     Api("completions", "/v1/completions", True, _DONE, None, "prompt_tokens",
-        "completion_tokens", True, "prompt"),
+        "completion_tokens", True, "prompt", resumes=True),
     Api("responses", "/v1/responses", True,
         (b'"type":"response.completed"', b'"type":"response.incomplete"',
          b'"type":"response.failed"'), b'.delta"', "input_tokens", "output_tokens", False,

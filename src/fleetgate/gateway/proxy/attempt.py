@@ -66,7 +66,12 @@ class Attempt:
         self.live.on_first_token(self.i, self.first_at, ttft, self.sample)
         self.observer.first_token(ttft)
 
-    def finished(self, usage: dict[str, Any] | None, status: int = 200) -> None:
+    def finished(self, usage: dict[str, Any] | None, status: int = 200,
+                 billed: dict[str, Any] | None = None, migrated_after: int | None = None
+                 ) -> None:
+        """``usage``: what this engine did (the live state learns from it); ``billed``: what
+        the observers account when it differs (a resumed stream's whole answer, continued
+        after ``migrated_after`` tokens)."""
         if not self._end():
             return
         now = self.clock()
@@ -81,8 +86,8 @@ class Attempt:
         ttft = None if self.first_at is None else self.first_at - self.t0
         self.live.on_finish(self.i, now, tokens, now - self.t0, tpot, self.sample, ttft)
         self.released()
-        self.observer.finished(AttemptResult(status, usage, ttft, now - self.t0,
-                                             max(1.0, concurrency)))
+        self.observer.finished(AttemptResult(status, billed or usage, ttft, now - self.t0,
+                                             max(1.0, concurrency), migrated_after))
 
     def failed(self, status: int, error: str, counts_against_engine: bool = True) -> None:
         if self._end():

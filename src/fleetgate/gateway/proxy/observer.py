@@ -32,6 +32,9 @@ class AttemptResult:
     ttft_s: float | None  # None for a non-streamed answer
     e2e_s: float
     mean_concurrency: float  # requests in flight on the endpoint, averaged start/end (>= 1)
+    # a resumed stream's continuation: the tokens other endpoints had sent before it (its
+    # usage is then the whole answer's); None for an ordinary attempt
+    migrated_after: int | None = None
 
 
 class AttemptObserver(Protocol):

@@ -2,7 +2,9 @@
 
 The request path (docs/architecture.md): the router ranks endpoints; this service tries
 them in order. What may be retried elsewhere is decided in one place (``outcome.py``); once
-a stream has started nothing is retried: an upstream failure ends it with an error event
+a stream has started nothing is retried, except that a chat or completions stream broken
+mid-way is continued on the next candidate (``resume``; stream.py says how) where its policy
+allows it (``resume_streams``); otherwise an upstream failure ends it with an error event
 in the API's own shape (``apis.py``). Every API (chat, completions, responses, messages,
 embeddings) takes this path; they differ only in data.
 
@@ -23,6 +25,7 @@ Must not touch: request parsing (``api/``), app wiring.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,7 +56,13 @@ from fleetgate.gateway.proxy.outcome import (
     transport_failure,
 )
 from fleetgate.gateway.proxy.request import ProxyRequest
-from fleetgate.gateway.proxy.stream import open_stream
+from fleetgate.gateway.proxy.stream import (
+    NotResumable,
+    Opened,
+    Resumer,
+    open_continuation,
+    open_stream,
+)
 from fleetgate.routing import Router, RoutingRequest
 from fleetgate.state.admission import room
 from fleetgate.state.fleet import Fleet
@@ -70,6 +79,7 @@ class Generation:
     max_attempts: dict[str, int] = field(default_factory=dict)  # policy -> attempts
     first_byte_s: dict[str, float | None] = field(default_factory=dict)  # policy -> deadline
     shadow: dict[str, ShadowConfig] = field(default_factory=dict)  # policy -> its mirror
+    resume: dict[str, bool] = field(default_factory=dict)  # policy -> resume_streams (True)
 
 
 @dataclass(slots=True)
@@ -81,7 +91,7 @@ class Exchange:
     entry: DecisionEntry
     obs: RequestObserver
     released: Callable[[], None]  # an attempt ended: a waiting request may go
-
+    resumer: Resumer | None = None  # continues a stream broken mid-way (None: not allowed)
 
 
 class ProxyService:
@@ -102,7 +112,8 @@ class ProxyService:
             obs.end(exc.status, exc.message)
             raise
         except BaseException as exc:
-            obs.end(499 if isinstance(exc, GeneratorExit) else 500, type(exc).__name__)
+            obs.end(499 if isinstance(exc, GeneratorExit | asyncio.CancelledError) else 500,
+                    type(exc).__name__)
             raise
         if not isinstance(response, StreamingResponse):  # a stream reports its own end
             obs.end(response.status_code)
@@ -123,6 +134,8 @@ class ProxyService:
         ex = Exchange(req, gen, self.decisions.record(req.request_id, decision), obs,
                       lambda: self.flow.released(key))
         obs.routed(decision)
+        if req.routing.stream and req.api.resumes and gen.resume.get(decision.policy, True):
+            ex.resumer = functools.partial(self._resume, ex)
         if not len(decision.order):
             raise NoCapacity(f"no endpoint can serve model {req.routing.model!r} now "
                              f"({decision.reason})")
@@ -148,16 +161,73 @@ class ProxyService:
         assert last is not None
         raise exhausted(last, len(attempts))
 
+    async def _resume(self, ex: Exchange, body: dict[str, Any], tried: set[str],
+                      after_tokens: int) -> Opened | None:
+        """Open the continuation ``body`` of a stream broken after ``after_tokens`` tokens on
+        the next candidates of the request's decision not yet ``tried`` (at most the policy's
+        attempts); None when none opened. Each try is an attempt in the decision log."""
+        decision = ex.entry.decision
+        budget = ex.gen.max_attempts.get(decision.policy, 3)
+        for position, ep in decision.attempts(len(decision.order)):
+            if ep.id in tried:
+                continue
+            if budget == 0:
+                break
+            budget -= 1
+            tried.add(ep.id)
+            attempt = Attempt.start(ex, position, len(ex.entry.attempts))
+            record: dict[str, Any] = {"endpoint": ep.id, "migrated": True,
+                                      "after_tokens": after_tokens}
+            try:
+                opened = await self._reopen(ex, attempt, body)
+            except RetryableFailure as exc:
+                attempt.failed(exc.status, exc.message)
+                ex.entry.attempts.append({**record, "status": exc.status, "error": exc.message})
+                continue
+            except NotResumable as exc:
+                ex.entry.attempts.append({**record, "status": exc.status, "error": exc.message})
+                return None
+            except BaseException:
+                attempt.cancelled()
+                raise
+            ex.entry.attempts.append({**record, "status": 200})
+            return opened
+        return None
+
+    async def _reopen(self, ex: Exchange, attempt: Attempt, body: dict[str, Any]) -> Opened:
+        """Post a continuation and read its stream up to the first frame."""
+        ep, req = attempt.ep, ex.req
+        limit = _first_byte_limit(ex, attempt)
+        resp: UpstreamResponse | None = None
+        try:
+            async with asyncio.timeout(limit):
+                try:
+                    resp = await self._backend.post(ep.url + req.path,
+                                                    _upstream_body(req, attempt, body),
+                                                    _upstream_headers(req, attempt),
+                                                    self._timeouts)
+                except UpstreamError as exc:
+                    if exc.kind == "connect":
+                        attempt.refused()
+                    raise transport_failure(exc, ep.id) from None
+                if resp.status != 200:
+                    answer = await _relay_error(resp, attempt, {})  # raises if retryable
+                    raise NotResumable(answer.status_code,
+                                       f"{ep.id}: {bytes(answer.body).decode(errors='replace')}")
+                return await open_continuation(resp, attempt)
+        except TimeoutError:
+            if resp is not None:
+                resp.close()
+            raise RetryableFailure(504, f"{ep.id}: no first byte within {limit:.1f} s "
+                                        "(hung engine?)") from None
+
     def _room(self, routing: RoutingRequest) -> int | None:
         gen = self._generation()
         return room(gen.router.route(routing, gen.fleet.snapshot()))
 
     async def _relay(self, ex: Exchange, attempt: Attempt) -> Response:
         ep, req = attempt.ep, ex.req
-        headers = {"content-type": "application/json", "x-request-id": req.request_id}
-        if req.traceparent:
-            headers["traceparent"] = req.traceparent
-        headers.update(attempt.observer.headers())
+        headers = _upstream_headers(req, attempt)
         limit = _first_byte_limit(ex, attempt)
         resp: UpstreamResponse | None = None
         try:
@@ -200,8 +270,17 @@ def _first_byte_limit(ex: Exchange, attempt: Attempt) -> float | None:
     return limit + 4 * (attempt.predicted_e2e_s or 0.0)
 
 
-def _upstream_body(req: ProxyRequest, attempt: Attempt) -> bytes:
-    body = dict(req.body)
+def _upstream_headers(req: ProxyRequest, attempt: Attempt) -> dict[str, str]:
+    headers = {"content-type": "application/json", "x-request-id": req.request_id}
+    if req.traceparent:
+        headers["traceparent"] = req.traceparent
+    headers.update(attempt.observer.headers())
+    return headers
+
+
+def _upstream_body(req: ProxyRequest, attempt: Attempt,
+                   client_body: dict[str, Any] | None = None) -> bytes:
+    body = dict(req.body if client_body is None else client_body)
     body["model"] = attempt.served
     if req.routing.stream and req.api.asks_usage:
         opts = dict(body.get("stream_options") or {})

@@ -63,6 +63,9 @@ class GatewayMetrics:
                                 "cancelled)", ("pool", "endpoint", "outcome"))
         self.retries = counter(n.M_RETRIES, "Attempts after the first, by the pool that "
                                "failed before", ("model", "policy", "pool"))
+        self.migrations = counter(n.M_MIGRATIONS, "Streams broken after their first byte and "
+                                  "completed on another endpoint, by the pool that took over",
+                                  ("model", "policy", "pool"))
         self.decisions = counter(n.M_DECISIONS, "Routing decisions by chosen pool and reason",
                                  ("policy", "pool", "reason"))
         self.ttft = histogram(n.M_TTFT, "Time to first token of streamed answers, from "

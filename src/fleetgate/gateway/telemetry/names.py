@@ -58,6 +58,7 @@ ENDPOINT = "fleetgate.endpoint"
 VENDOR = "fleetgate.vendor"
 ATTEMPT = "fleetgate.attempt"  # 0 = first try, 1 = first retry, ...
 ATTEMPTS = "fleetgate.attempts"  # on the server span: how many upstream attempts
+MIGRATED_AFTER = "fleetgate.migrated_after_tokens"  # a resumed stream's continuation attempt
 COST_USD = "fleetgate.cost.usd"
 MEAN_CONCURRENCY = "fleetgate.cost.mean_concurrency"
 TTFT_S = "fleetgate.ttft_s"  # on the first_token event
@@ -87,6 +88,7 @@ def route_attr(who: str, name: str) -> str:
 M_REQUESTS = "fleetgate_requests"  # counter: model, pool, endpoint, status, policy
 M_ATTEMPTS = "fleetgate_upstream_attempts"  # counter: pool, endpoint, outcome
 M_RETRIES = "fleetgate_retries"  # counter: model, policy, pool (the pool that failed)
+M_MIGRATIONS = "fleetgate_stream_migrations"  # counter: model, policy, pool (continued on)
 M_DECISIONS = "fleetgate_routing_decisions"  # counter: policy, pool, reason
 M_TTFT = "fleetgate_time_to_first_token_seconds"  # histogram: pool
 M_TPOT = "fleetgate_time_per_output_token_seconds"  # histogram: pool
@@ -108,6 +110,10 @@ M_EP_TOKENS_PER_S = "fleetgate_endpoint_tokens_per_second"
 M_EP_USD_PER_MTOK = "fleetgate_endpoint_usd_per_mtok"
 M_EP_PRICE = "fleetgate_endpoint_price_usd_per_hour"
 M_SCRAPE_ERRORS = "fleetgate_scrape_errors"  # counter: endpoint
+M_TENANT_BUDGET = "fleetgate_tenant_budget_usd"  # gauge: tenant, period (day|month)
+M_SHADOW_COST = "fleetgate_shadow_cost_usd"  # counter: pool, serving_pool
+M_SHADOW_SKIPPED = "fleetgate_shadow_skipped_budget"  # counter: pool, serving_pool
+M_SHADOW_CAP = "fleetgate_shadow_max_usd_per_hour"  # gauge: policy, pool
 BREAKER_CODES = {"closed": 0, "half_open": 1, "open": 2}
 
 OUTCOME_OK, OUTCOME_FAILED, OUTCOME_CANCELLED = "ok", "failed", "cancelled"

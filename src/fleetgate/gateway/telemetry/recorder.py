@@ -183,7 +183,8 @@ class AttemptTelemetry:
         return {} if self.span is None else self.span.headers()
 
     def first_token(self, ttft_s: float) -> None:
-        self.req.ttft_s = ttft_s
+        if self.req.ttft_s is None:  # the client's first token (not a continuation's)
+            self.req.ttft_s = ttft_s
         if self.span is not None:
             self.span.first_token(ttft_s)
 
@@ -206,12 +207,17 @@ class AttemptTelemetry:
         req = self.req
         req.input_tokens += tokens_in
         req.output_tokens += tokens_out
+        if result.migrated_after is not None:
+            req.hub.metrics.migrations(req.routing.model, req.policy, self.ep.pool).inc()
         if self.span is not None and self.span.recording:
-            self.span.end({
+            attrs = {
                 n.HTTP_STATUS: result.status, n.GENAI_RESPONSE_MODEL: self.served,
                 n.GENAI_INPUT_TOKENS: tokens_in, n.GENAI_OUTPUT_TOKENS: tokens_out,
                 n.MEAN_CONCURRENCY: result.mean_concurrency,
-                n.COST_USD: charge.usd})
+                n.COST_USD: charge.usd}
+            if result.migrated_after is not None:
+                attrs[n.MIGRATED_AFTER] = result.migrated_after
+            self.span.end(attrs)
 
     def failed(self, status: int, error: str) -> None:
         self._unfinished(n.OUTCOME_FAILED, str(status), error, {n.HTTP_STATUS: status})

@@ -6,7 +6,13 @@ the default) and a Redis one (``redis.py``, several replicas acting as one):
 - ``SharedState``: each replica publishes its per-endpoint load (``EndpointShare``) with a
   TTL and reads the other live replicas' latest shares. A replica that stops publishing
   disappears after its TTL. Never awaited on the routing hot path: a background sync task
-  publishes and pulls, the router reads a local snapshot.
+  publishes and pulls, the router reads a local snapshot. The same store holds the fleet's
+  worker registrations (``put_registration``: an opaque record per key, here the engine URL,
+  that lapses ``ttl_s`` after the last put; ``registrations`` lists the live ones in the
+  order they first registered, so every replica merges them into the same endpoint ids) and
+  each replica's cost-ledger snapshot (``publish_costs`` / ``costs``: an opaque blob per
+  replica id, kept ``ttl_s`` after its last publish, own snapshot included, so a replica
+  that stopped still counts in the fleet's costs).
 - ``RateLimits``: sliding-window counters (``take`` = check-and-add in one atomic step,
   ``record`` = add unconditionally) and a concurrency semaphore whose holds expire.
 - ``Budgets``: spend totals per key and period (``"2026-11-30"``, ``"2026-11"``: the caller
@@ -72,6 +78,18 @@ class Verdict:
     retry_after_s: float
 
 
+@dataclass(frozen=True, slots=True)
+class Registered:
+    """One live registration: its key, its record as put, the wall-clock time it was first
+    put (kept across heartbeats; ``now`` of the first ``put_registration``) and the seconds
+    left before it lapses."""
+
+    key: str
+    record: bytes
+    first_seen: float
+    ttl_left_s: float
+
+
 class SharedState(Protocol):
     async def publish(self, replica_id: str, shares: Mapping[str, EndpointShare],
                       ttl_s: float) -> None:
@@ -79,6 +97,25 @@ class SharedState(Protocol):
 
     async def peers(self, replica_id: str) -> dict[str, dict[str, EndpointShare]]:
         """The other live replicas' latest shares: replica id -> endpoint id -> share."""
+
+    async def put_registration(self, key: str, record: bytes, ttl_s: float,
+                               now: float) -> None:
+        """Add or refresh a registration (``record`` replaces the previous one); it lapses
+        ``ttl_s`` after the last put. ``now`` (wall clock) is kept as ``first_seen`` only
+        when the key is not registered already."""
+
+    async def drop_registration(self, key: str) -> None:
+        """Remove a registration (an unknown key is ignored)."""
+
+    async def registrations(self) -> list[Registered]:
+        """The live registrations, ordered by ``first_seen`` then key."""
+
+    async def publish_costs(self, replica_id: str, blob: bytes, ttl_s: float) -> None:
+        """Replace this replica's cost snapshot; it is forgotten ``ttl_s`` after the last
+        publish."""
+
+    async def costs(self) -> dict[str, bytes]:
+        """Every replica's latest cost snapshot (this one's included): replica id -> blob."""
 
     async def close(self) -> None: ...
 

@@ -18,8 +18,12 @@ the outage loses little:
 
 ``FailoverSharedState(inner)`` never raises ``StoreUnavailable``: ``publish`` becomes a no-op
 and ``peers`` returns ``{}`` (route on this replica's own counts) while Redis is down, with
-the same once-per-``retry_every_s`` probing and logging. The caller's sync task can then be
-a plain loop: ``await shared.publish(...)``, ``merge(await shared.peers(...))``, sleep.
+the same once-per-``retry_every_s`` probing and logging. Likewise registration and cost
+writes are dropped and ``registrations`` / ``costs`` return empty while it is down: callers
+check ``degraded`` after the call and keep what they knew (the gateway keeps its own
+registrations and expires them by itself; ``/admin/costs`` reports this replica alone).
+The caller's sync task can then be a plain loop: ``await shared.publish(...)``,
+``merge(await shared.peers(...))``, sleep.
 
 May touch: ``base``, logging. Must not touch: redis (only through the wrapped stores).
 """
@@ -34,6 +38,7 @@ from typing import TypeVar
 from fleetgate.state.store.base import (
     EndpointShare,
     LimitStore,
+    Registered,
     SharedState,
     StoreUnavailable,
     Verdict,
@@ -91,6 +96,7 @@ class FailoverLimitStore:
         self._pending_releases: list[tuple[str, str]] = []
         self._unsynced: dict[tuple[str, str], tuple[float, float]] = {}
         self._known: dict[tuple[str, str], float] = {}
+        self._replaying = False
 
     @property
     def degraded(self) -> bool:
@@ -174,14 +180,21 @@ class FailoverLimitStore:
             await self._replay()
 
     async def _replay(self) -> None:
-        """Back on Redis: release the holds and add the spend queued during the outage."""
+        """Back on Redis: release the holds and add the spend queued during the outage.
+        One replay at a time (a flickering Redis may end two outages while the first replay
+        still waits on it); each takes what is queued when it starts, so releases queued
+        meanwhile wait for the next one, and what it could not do is queued again."""
+        if self._replaying:
+            return
+        self._replaying = True
+        pending, self._pending_releases = self._pending_releases, []
         try:
-            while self._pending_releases:
-                key, hold = self._pending_releases[-1]
+            while pending:
+                key, hold = pending[-1]
                 await self.primary.release(key, hold)
-                self._pending_releases.pop()
-            while self._unsynced:
-                pk, (usd, ttl_s) = next(iter(self._unsynced.items()))
+                pending.pop()
+            for pk in list(self._unsynced):
+                usd, ttl_s = self._unsynced[pk]
                 self._remember(pk, await self.primary.add_spend(pk[0], usd, pk[1], ttl_s))
                 left = self._unsynced[pk][0] - usd  # more may have been added meanwhile
                 if abs(left) < 1e-12:
@@ -190,6 +203,11 @@ class FailoverLimitStore:
                     self._unsynced[pk] = (left, ttl_s)
         except StoreUnavailable as exc:
             self._gate.fail(exc)
+        finally:
+            self._pending_releases[:0] = pending[:MAX_QUEUED - len(self._pending_releases)]
+            self._replaying = False
+        if self._pending_releases and not self._gate.degraded:
+            await self._replay()  # released while it ran, Redis still answering
 
     def _remember(self, pk: tuple[str, str], total: float) -> None:
         self._known.pop(pk, None)
@@ -233,5 +251,42 @@ class FailoverSharedState:
         self._gate.succeed()
         return result
 
+    async def put_registration(self, key: str, record: bytes, ttl_s: float,
+                               now: float) -> None:
+        await self._write(lambda: self.inner.put_registration(key, record, ttl_s, now))
+
+    async def drop_registration(self, key: str) -> None:
+        await self._write(lambda: self.inner.drop_registration(key))
+
+    async def registrations(self) -> list[Registered]:
+        return await self._read(self.inner.registrations, [])
+
+    async def publish_costs(self, replica_id: str, blob: bytes, ttl_s: float) -> None:
+        await self._write(lambda: self.inner.publish_costs(replica_id, blob, ttl_s))
+
+    async def costs(self) -> dict[str, bytes]:
+        return await self._read(self.inner.costs, {})
+
     async def close(self) -> None:
         await self.inner.close()
+
+    async def _write(self, op: Callable[[], Awaitable[None]]) -> None:
+        if not self._gate.claim():
+            return
+        try:
+            await op()
+        except StoreUnavailable as exc:
+            self._gate.fail(exc)
+        else:
+            self._gate.succeed()
+
+    async def _read(self, op: Callable[[], Awaitable[T]], empty: T) -> T:
+        if not self._gate.claim():
+            return empty
+        try:
+            result = await op()
+        except StoreUnavailable as exc:
+            self._gate.fail(exc)
+            return empty
+        self._gate.succeed()
+        return result

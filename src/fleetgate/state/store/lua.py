@@ -130,3 +130,40 @@ for _, rid in ipairs(redis.call('SMEMBERS', KEYS[1])) do
 end
 return out
 """
+
+REGISTER = """
+-- KEYS[1]: the registration's record key, KEYS[2]: the registry (sorted set: member = key,
+-- score = first_seen). ARGV: record, ttl_ms, key, now, registry ttl_ms.
+-- A key whose record lapsed registers anew (a new first_seen), else first_seen is kept.
+local fresh = redis.call('EXISTS', KEYS[1]) == 0
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+if fresh then
+  redis.call('ZADD', KEYS[2], ARGV[4], ARGV[3])
+else
+  redis.call('ZADD', KEYS[2], 'NX', ARGV[4], ARGV[3])
+end
+if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[5]) then
+  redis.call('PEXPIRE', KEYS[2], ARGV[5])
+end
+return 1
+"""
+
+REGISTRATIONS = """
+-- KEYS[1]: registry (sorted set: member = key, score = first_seen). ARGV[1]: prefix of the
+-- record keys. Returns a flat list {key, record, first_seen, pttl_ms, ...} ordered by
+-- first_seen then key; drops keys whose record has lapsed.
+local out = {}
+local rows = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+for i = 1, #rows, 2 do
+  local record = redis.call('GET', ARGV[1] .. rows[i])
+  if record then
+    out[#out + 1] = rows[i]
+    out[#out + 1] = record
+    out[#out + 1] = rows[i + 1]
+    out[#out + 1] = redis.call('PTTL', ARGV[1] .. rows[i])
+  else
+    redis.call('ZREM', KEYS[1], rows[i])
+  end
+end
+return out
+"""

@@ -5,6 +5,8 @@ process's dicts:
 
 - ``MemorySharedState``: replica id -> (expires_at, shares) on an injected monotonic clock.
   With one replica ``peers`` is always empty; it is real so the contract is the same.
+  Registrations (key -> (first_seen, record, expires_at)) and cost snapshots (replica id ->
+  (expires_at, blob)) expire on the same clock.
 - ``MemoryLimits`` (``RateLimits`` + ``Budgets``): per key, a deque of ``(time, amount)``
   entries plus their running total (trimmed from the left on every call, so a call costs
   O(entries that expired)); concurrency holds as ``hold id -> expires_at``; spend as
@@ -23,13 +25,15 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from fleetgate.state.store.base import EndpointShare, Verdict, fits
+from fleetgate.state.store.base import EndpointShare, Registered, Verdict, fits
 
 
 class MemorySharedState:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._replicas: dict[str, tuple[float, dict[str, EndpointShare]]] = {}
+        self._registrations: dict[str, tuple[float, bytes, float]] = {}
+        self._costs: dict[str, tuple[float, bytes]] = {}
 
     async def publish(self, replica_id: str, shares: Mapping[str, EndpointShare],
                       ttl_s: float) -> None:
@@ -42,8 +46,41 @@ class MemorySharedState:
         return {rid: dict(shares) for rid, (_, shares) in self._replicas.items()
                 if rid != replica_id}
 
+    async def put_registration(self, key: str, record: bytes, ttl_s: float,
+                               now: float) -> None:
+        self._expire_registrations()
+        known = self._registrations.get(key)
+        first_seen = now if known is None else known[0]
+        self._registrations[key] = (first_seen, bytes(record), self._clock() + ttl_s)
+
+    async def drop_registration(self, key: str) -> None:
+        self._registrations.pop(key, None)
+
+    async def registrations(self) -> list[Registered]:
+        self._expire_registrations()
+        now = self._clock()
+        return sorted((Registered(key, record, first, exp - now)
+                       for key, (first, record, exp) in self._registrations.items()),
+                      key=lambda r: (r.first_seen, r.key))
+
+    async def publish_costs(self, replica_id: str, blob: bytes, ttl_s: float) -> None:
+        self._costs[replica_id] = (self._clock() + ttl_s, bytes(blob))
+
+    async def costs(self) -> dict[str, bytes]:
+        now = self._clock()
+        for rid in [r for r, (exp, _) in self._costs.items() if exp <= now]:
+            del self._costs[rid]
+        return {rid: blob for rid, (_, blob) in self._costs.items()}
+
     async def close(self) -> None:
         self._replicas.clear()
+        self._registrations.clear()
+        self._costs.clear()
+
+    def _expire_registrations(self) -> None:
+        now = self._clock()
+        for key in [k for k, (_, _, exp) in self._registrations.items() if exp <= now]:
+            del self._registrations[key]
 
 
 @dataclass(slots=True)

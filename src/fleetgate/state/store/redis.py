@@ -6,13 +6,20 @@ Layout (every key under the caller's ``prefix``, default ``"fleetgate:"``):
   with ``SET ... PX ttl``; a replica that stops publishing disappears with its key.
   ``{p}replicas`` is the set of replica ids; ``peers`` reads it and every live blob in one
   Lua call and drops ids whose blob expired. ``publish`` is one pipelined round trip.
+- ``{p}reg:{key}``: one worker registration's record (``SET ... PX ttl``); ``{p}registrations``
+  is a sorted set of the keys scored by the time they first registered (``lua.REGISTER``
+  keeps it across heartbeats, ``lua.REGISTRATIONS`` lists the live ones and drops lapsed
+  keys).
+- ``{p}costs:{id}``: one replica's cost-ledger snapshot (``SET ... PX ttl``), ``{p}cost-replicas``
+  the set of their ids (read with ``lua.PEERS``, as the shares are).
 - ``{p}rl:{key}`` / ``{p}rl:{key}:sum``: sliding-window log and its running total
   (``lua.TAKE``/``lua.RECORD``: check-and-add is one atomic script).
 - ``{p}sem:{key}``: concurrency holds, a sorted set of hold ids scored by expiry
   (``lua.ACQUIRE``); ``release`` is a ZREM.
 - ``{p}usd:{key}:{period}``: spend total, INCRBYFLOAT + PEXPIRE in one MULTI/EXEC.
 
-Failure: the client is built with short socket timeouts, no retries and a blocking pool
+Failure: the client is built with short socket timeouts, one retry after a connection error
+only (a stale pooled connection, ``connect``) and a blocking pool
 of ``max_connections`` (a burst waits for a connection, within the timeout); every call also
 runs under ``asyncio.timeout(timeout_s)``, and any Redis/socket error or timeout raises
 ``StoreUnavailable``: a dead Redis costs at most ``timeout_s`` per call, never a hang.
@@ -35,11 +42,12 @@ from typing import Any, TypeVar
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import ConnectionError, RedisError
 
 from fleetgate.state.store import lua
 from fleetgate.state.store.base import (
     EndpointShare,
+    Registered,
     StoreUnavailable,
     Verdict,
     decode_shares,
@@ -51,11 +59,18 @@ log = logging.getLogger("fleetgate.store")
 DEFAULT_TIMEOUT_S = 0.25
 DEFAULT_PREFIX = "fleetgate:"
 DEFAULT_MAX_CONNECTIONS = 64
+REGISTRY_TTL_MS = 7 * 86400 * 1000  # the registrations' index outlives every record in it
 
 
 def connect(url: str, timeout_s: float = DEFAULT_TIMEOUT_S,
             max_connections: int = DEFAULT_MAX_CONNECTIONS) -> Redis:
-    """A client that fails fast: socket timeouts of ``timeout_s`` and no retries.
+    """A client that fails fast: socket timeouts of ``timeout_s``, no retry after a timeout.
+
+    One retry, on a new connection, after a connection error: after Redis restarts, every
+    pooled connection is stale (closed by the old server) and its first command fails; that
+    is not an outage, and taking it for one flipped the stores between degraded and
+    recovered once per stale connection. A Redis that is really down refuses the second
+    connection as fast as the first.
 
     A blocking pool: a burst of calls beyond ``max_connections`` waits for a connection
     (within the same ``timeout_s``) instead of failing with "too many connections" (the
@@ -64,7 +79,7 @@ def connect(url: str, timeout_s: float = DEFAULT_TIMEOUT_S,
     """
     pool = BlockingConnectionPool.from_url(
         url, max_connections=max_connections, timeout=timeout_s, socket_timeout=timeout_s,
-        socket_connect_timeout=timeout_s, retry=Retry(NoBackoff(), 0),
+        socket_connect_timeout=timeout_s, retry=Retry(NoBackoff(), 1, (ConnectionError,)),
         health_check_interval=0, lib_name=None, lib_version=None)
     return Redis.from_pool(pool)  # the client owns the pool: aclose() disconnects it
 
@@ -98,6 +113,12 @@ class RedisSharedState(_RedisBase):
         self._registry = f"{prefix}replicas"
         self._blob_prefix = f"{prefix}replica:"
         self._peers = client.register_script(lua.PEERS)
+        self._reg_registry = f"{prefix}registrations"
+        self._reg_prefix = f"{prefix}reg:"
+        self._register = client.register_script(lua.REGISTER)
+        self._registrations = client.register_script(lua.REGISTRATIONS)
+        self._cost_registry = f"{prefix}cost-replicas"
+        self._cost_prefix = f"{prefix}costs:"
 
     @classmethod
     def from_url(cls, url: str, prefix: str = DEFAULT_PREFIX,
@@ -123,6 +144,39 @@ class RedisSharedState(_RedisBase):
             except ValueError:  # one replica of an incompatible version: route without it
                 log.debug("skipping malformed shares of replica %r", flat[i])
         return out
+
+    async def put_registration(self, key: str, record: bytes, ttl_s: float,
+                               now: float) -> None:
+        ttl_ms = max(1, math.ceil(ttl_s * 1000))
+        await self._run(self._register(
+            keys=[self._reg_prefix + key, self._reg_registry],
+            args=[record, ttl_ms, key, repr(float(now)), REGISTRY_TTL_MS]))
+
+    async def drop_registration(self, key: str) -> None:
+        pipe = self.client.pipeline(transaction=True)
+        pipe.delete(self._reg_prefix + key)
+        pipe.zrem(self._reg_registry, key)
+        await self._run(pipe.execute())
+
+    async def registrations(self) -> list[Registered]:
+        flat: list[Any] = await self._run(self._registrations(
+            keys=[self._reg_registry], args=[self._reg_prefix]))
+        return [Registered(flat[i].decode(), bytes(flat[i + 1]), float(flat[i + 2]),
+                           max(0.0, int(flat[i + 3]) / 1000))
+                for i in range(0, len(flat), 4)]
+
+    async def publish_costs(self, replica_id: str, blob: bytes, ttl_s: float) -> None:
+        ttl_ms = max(1, math.ceil(ttl_s * 1000))
+        pipe = self.client.pipeline(transaction=False)
+        pipe.set(self._cost_prefix + replica_id, blob, px=ttl_ms)
+        pipe.sadd(self._cost_registry, replica_id)
+        pipe.pexpire(self._cost_registry, 2 * ttl_ms)
+        await self._run(pipe.execute())
+
+    async def costs(self) -> dict[str, bytes]:
+        flat: list[bytes] = await self._run(self._peers(
+            keys=[self._cost_registry], args=[self._cost_prefix, ""]))
+        return {flat[i].decode(): bytes(flat[i + 1]) for i in range(0, len(flat), 2)}
 
 
 class RedisLimits(_RedisBase):
