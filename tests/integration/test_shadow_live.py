@@ -83,6 +83,26 @@ async def test_half_the_traffic_mirrored_and_compared(tmp_path: Path) -> None:
         assert "against h200's" in result.output
 
 
+async def test_client_latency_with_and_without_mirroring(tmp_path: Path) -> None:
+    """The same 40 requests with fraction 0.5 and without a shadow: every answer from the
+    serving pool; the TTFT p50s are printed (no timing assert: the machine is shared)."""
+    p50 = {}
+    for label, fraction in (("without", None), ("with half mirrored", 0.5)):
+        config = _config(fraction or 0.5)
+        if fraction is None:
+            del config["policies"]["prod"]["shadow"]
+        where = tmp_path / label.replace(" ", "-")
+        where.mkdir()
+        async with inproc_gateway(config, where) as (url, state):
+            await tick(state)
+            client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+            await _ttfts(client, 5)  # warm-up
+            ttfts, pools = await _ttfts(client, 40)
+            assert pools == {"h200"}
+            p50[label] = statistics.median(ttfts) * 1000
+    print("client TTFT p50 ms: " + ", ".join(f"{k} {v:.1f}" for k, v in p50.items()))
+
+
 async def test_a_hung_candidate_changes_nothing_for_clients(tmp_path: Path) -> None:
     async with inproc_gateway(_config(1.0), tmp_path) as (url, state):
         await tick(state)
