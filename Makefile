@@ -41,6 +41,17 @@ unit: $(VENV)/.installed-dev
 bench: $(VENV)/.installed-dev  ## gateway overhead benchmark (see BENCHMARKS.md)
 	$(BIN)/python bench/relay_overhead.py
 
+# --- reliability (issue 15): make test runs a 1,000-case fuzz and a 32 s soak; these the full ones
+.PHONY: fuzz soak
+FUZZ_CASES    ?= 10000
+SOAK_DURATION ?= 600
+
+fuzz: $(VENV)/.installed-dev  ## schemathesis against /openapi.json of real gateways (≥ 10,000 cases)
+	$(BIN)/python tests/fuzz/fuzz_harness.py --cases $(FUZZ_CASES)
+
+soak: $(VENV)/.installed-dev  ## 10 minutes of mixed load, a fault every 30 s, the ledger checked
+	$(BIN)/python bench/soak.py --duration $(SOAK_DURATION)
+
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache src/*.egg-info
 

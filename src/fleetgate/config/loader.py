@@ -57,6 +57,8 @@ def parse_config(text: str, source: str, env: Mapping[str, str]) -> FleetConfig:
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(yaml)"
         problem = getattr(exc, "problem", exc)
         raise ConfigError(source, [f"{where}: invalid YAML: {problem}"]) from None
+    except RecursionError:  # PyYAML recurses per nesting level
+        raise ConfigError(source, ["(yaml): nested too deeply"]) from None
     if not isinstance(raw, dict):
         raise ConfigError(source, ["(root): must be a mapping with at least 'pools'"])
     errors: list[str] = []

@@ -1,0 +1,28 @@
+"""The bounded schemathesis run of ``make test``: 1,000 cases against two real gateways (open
+and auth on) over real emulated engines; ``make fuzz`` runs 10,000 (fuzz_harness.py).
+
+Asserts what issue 15 asks of the fuzz: no 500, no dropped connection, no 502/503/504 unless
+the engine itself fails the same request, every error the OpenAI envelope, every chat /
+completions event stream ended by ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from fuzz_harness import Fuzzer, fuzz_fleet
+
+CASES = 1_000
+
+
+@pytest.mark.timeout(300)
+def test_schemathesis_smoke_1000_cases(tmp_path: Path) -> None:
+    with fuzz_fleet(tmp_path) as (gateways, engines):
+        tally = Fuzzer(gateways, engines, seed_=0).run(CASES)
+    report = tally.report()
+    assert tally.cases >= CASES, report
+    assert tally.clean, json.dumps({k: report[k] for k in ("findings", "examples")}, indent=1)
+    assert "500" not in report["by_status"]
+    assert set(report["by_gateway"]) == {"open", "auth"}
