@@ -12,6 +12,17 @@ from pathlib import Path
 import pytest
 
 from procs import PUBLIC_8B, SERVED_8B, Proc, pool, spawn_emulator, spawn_gateway
+from store_redis import find_test_redis
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """A real Redis: the shared one on 127.0.0.1:6379, else one started for the session
+    (tests keep apart by key prefix)."""
+    url, server = find_test_redis()
+    yield url
+    if server is not None:
+        server.kill()
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,7 @@ import pytest
 from fleetgate.gateway.state import AppState
 from inproc import inproc_gateway, tick
 from procs import Proc, spawn_emulator
-from store_redis import find_test_redis, unique_prefix
+from store_redis import unique_prefix
 
 PUBLIC, SERVED = "llama-3.1-8b", "meta-llama/Llama-3.1-8B-Instruct"
 WORKER_MODEL = "llama-3.1-8b-amd"
@@ -30,14 +30,6 @@ KEY_A, ADMIN = "sk-team-a-0123456789abcdef", "sk-admin-0123456789abcdef0"
 ADMIN_H = {"authorization": f"Bearer {ADMIN}"}
 TEAM_H = {"authorization": f"Bearer {KEY_A}"}
 MESSAGES = [{"role": "user", "content": "hi"}]
-
-
-@pytest.fixture(scope="module")
-def redis_url() -> Iterator[str]:
-    url, server = find_test_redis()
-    yield url
-    if server is not None:
-        server.kill()
 
 
 @pytest.fixture(scope="module")

@@ -14,21 +14,13 @@ import httpx
 import pytest
 
 from procs import PUBLIC_8B, SERVED_8B, Proc, pool, spawn_emulator, spawn_gateway
-from store_redis import RedisServer, find_test_redis, unique_prefix
+from store_redis import RedisServer, unique_prefix
 
 KEY_A = "sk-team-a-0123456789abcdef"
 KEY_B = "sk-team-b-0123456789abcdef"
 ADMIN = "sk-admin-0123456789abcdef0"
 SYNC_S = 0.2
 MESSAGES = [{"role": "user", "content": "hello"}]
-
-
-@pytest.fixture(scope="module")
-def redis_url() -> Iterator[str]:
-    url, server = find_test_redis()
-    yield url
-    if server is not None:
-        server.kill()
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import pytest
@@ -26,18 +26,10 @@ from fleetgate.state.store import (
     SharedState,
 )
 from fleetgate.state.store.redis import RedisLimits, RedisSharedState
-from store_redis import find_test_redis, unique_prefix, wait_key_gone
+from store_redis import unique_prefix, wait_key_gone
 
 T0 = 1_790_000_000.0  # wall-clock epoch seconds, as the gateway passes them
 W = 60.0
-
-
-@pytest.fixture(scope="session")
-def redis_url() -> Iterator[str]:
-    url, server = find_test_redis()
-    yield url
-    if server is not None:
-        server.kill()
 
 
 class FakeClock:
