@@ -40,6 +40,7 @@ from fleetgate.backends.sse import SSEFramer, frame_data
 from fleetgate.catalog.pricing import charge_usd
 from fleetgate.gateway.proxy.observer import (
     NOOP_ATTEMPT,
+    NOOP_REQUEST,
     AttemptObserver,
     AttemptResult,
     RequestObserver,
@@ -113,6 +114,8 @@ class ShadowMirror:
         self._tasks: set[asyncio.Task[None]] = set()
 
     def request(self, req: ProxyRequest) -> RequestObserver:
+        if not self._generation().shadow:  # no policy mirrors: nothing to watch
+            return NOOP_REQUEST
         return _ShadowRequest(self, req)
 
     def report(self) -> dict[str, Any]:

@@ -228,6 +228,7 @@ class _Leg:
     usage: dict[str, Any] | None = None  # the last usage object the leg carried
     ident: dict[str, Any] | None = None  # id, created, model of its first chunk
     refusal: str | None = None  # why the leg cannot be continued
+    raw: list[bytes] = field(default_factory=list)  # the first leg's payloads, read if it breaks
 
 
 class StreamRelay:
@@ -360,6 +361,7 @@ class StreamRelay:
         resume = self.resume
         assert resume is not None
         leg = self.cur
+        self._read_back(leg)
         leg.tokens = max(leg.tokens, leg.counted)
         self.attempt.failed(status, error)
         record = next((a for a in reversed(resume.attempts)
@@ -399,15 +401,24 @@ class StreamRelay:
         return opened
 
     def _note(self, data: bytes) -> None:
-        """Read one data payload of the current leg into what a migration needs."""
-        if self.cur.refusal is not None or data == DONE:
-            return
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            return
-        if isinstance(obj, dict):
-            self._note_obj(obj, data)
+        """Keep one data payload of the first leg; it is read (``_read_back``) only if the
+        leg breaks, so a stream that ends well never pays for parsing its chunks."""
+        self.cur.raw.append(data)
+
+    def _read_back(self, leg: _Leg) -> None:
+        """Read the first leg's kept payloads into what a migration needs."""
+        raw, leg.raw = leg.raw, []
+        for data in raw:
+            if leg.refusal is not None:
+                return
+            if data == DONE:
+                continue
+            try:
+                obj = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(obj, dict):
+                self._note_obj(obj, data)
 
     def _note_obj(self, obj: dict[str, Any], data: bytes) -> None:
         leg = self.cur
