@@ -56,13 +56,8 @@ from fleetgate.gateway.proxy.outcome import (
     transport_failure,
 )
 from fleetgate.gateway.proxy.request import ProxyRequest
-from fleetgate.gateway.proxy.stream import (
-    NotResumable,
-    Opened,
-    Resumer,
-    open_continuation,
-    open_stream,
-)
+from fleetgate.gateway.proxy.resume import NotResumable, Opened, Resumer
+from fleetgate.gateway.proxy.stream import open_continuation, open_stream
 from fleetgate.routing import Router, RoutingRequest
 from fleetgate.state.admission import room
 from fleetgate.state.fleet import Fleet

@@ -42,8 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -70,6 +69,16 @@ from fleetgate.gateway.proxy.outcome import (
     transport_failure,
     transport_status,
 )
+from fleetgate.gateway.proxy.resume import (
+    Leg,
+    NotResumable,
+    Opened,
+    Resume,
+    continuation_body,
+    drop_role,
+    max_tokens,
+    request_refusal,
+)
 
 if TYPE_CHECKING:
     from fleetgate.gateway.proxy.service import Exchange
@@ -77,47 +86,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("fleetgate.stream")
 
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
-COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # vLLM's and SGLang's default for /v1/completions
-# request fields that constrain the output with a grammar: it cannot restart mid-answer
-_GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
-           "structured_outputs", "json_schema", "regex", "ebnf", "structural_tag")
-
-
-class NotResumable(Exception):
-    """The continuation's endpoint answered for good (a 4xx, an in-band error): stop trying."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-@dataclass(slots=True)
-class Opened:
-    """A stream opened upstream and read up to its first data frame."""
-
-    attempt: Attempt
-    resp: UpstreamResponse
-    framer: SSEFramer
-    chunks: AsyncIterator[bytes]
-    first: list[bytes]
-
-
-# (continuation body, endpoint ids already tried, tokens relayed so far) -> an open stream
-Resumer = Callable[[dict[str, Any], set[str], int], Awaitable[Opened | None]]
-
-
-@dataclass(slots=True)
-class Resume:
-    """What continuing a broken stream elsewhere needs (from the exchange)."""
-
-    body: dict[str, Any]  # the client's request body
-    resumer: Resumer
-    attempts: list[dict[str, Any]]  # the decision log entry's attempts
-    prompt_estimate: int  # the router's prompt estimate: the last resort for usage
-    tried: set[str] = field(default_factory=set)  # endpoint ids
-
-
 async def read_opening(resp: UpstreamResponse, attempt: Attempt
                        ) -> tuple[SSEFramer, AsyncIterator[bytes], list[bytes],
                                   StreamError | None]:
@@ -217,20 +185,6 @@ class SSEResponse(StreamingResponse):
                 self.on_close()
 
 
-@dataclass(slots=True)
-class _Leg:
-    """What one upstream stream of a request relayed, read back when it breaks."""
-
-    text: list[str] = field(default_factory=list)
-    tokens: int = 0
-    finish: str | None = None
-    counted: int = 0  # the engine's running count, where it sent continuous usage
-    usage: dict[str, Any] | None = None  # the last usage object the leg carried
-    ident: dict[str, Any] | None = None  # id, created, model of its first chunk
-    refusal: str | None = None  # why the leg cannot be continued
-    raw: list[bytes] = field(default_factory=list)  # the first leg's payloads, read if it breaks
-
-
 class StreamRelay:
     """Forwards frames, rewrites the model, drops unrequested usage, ends every stream well,
     and continues a broken chat/completions stream elsewhere when ``resume`` is given."""
@@ -248,7 +202,7 @@ class StreamRelay:
         # end events other than ``data: [DONE]`` (Responses, Messages), looked for in the data
         self.end_events = tuple(m for m in api.end_markers if not m.startswith(b"data: "))
         self.resume = resume if api.resumes else None
-        self.cur = _Leg()  # what the current leg relayed (noted only when resuming)
+        self.cur = Leg()  # what the current leg relayed (noted only when resuming)
         # what the legs before this one relayed (a continuation leg is rewritten with it)
         self.continuing = False
         self.text: list[str] = []
@@ -368,7 +322,7 @@ class StreamRelay:
                        if a.get("endpoint") == self.attempt.ep.id), None)
         if record is not None:
             record.update(status=status, error=error)
-        refusal = leg.refusal or _request_refusal(self.api.name, resume.body)
+        refusal = leg.refusal or request_refusal(self.api.name, resume.body)
         if refusal is not None:
             log.warning("stream from %s broke after %d tokens; not resumed: %s",
                         self.attempt.ep.id, self.prefix_tokens + leg.tokens, refusal)
@@ -380,7 +334,7 @@ class StreamRelay:
             self.prompt_tokens = prompt if isinstance(prompt, int) and prompt > 0 else None
         self.text.extend(leg.text)
         self.prefix_tokens += leg.tokens
-        limit = _max_tokens(self.api.name, resume.body)
+        limit = max_tokens(self.api.name, resume.body)
         if leg.finish is not None or (limit is not None and self.prefix_tokens >= limit):
             return self._end_here(leg.finish, resume)
         body = continuation_body(self.api.name, resume.body, "".join(self.text),
@@ -397,7 +351,7 @@ class StreamRelay:
         self.first_token_seen = False
         self.usage = None
         self.done = False
-        self.cur = _Leg()
+        self.cur = Leg()
         return opened
 
     def _note(self, data: bytes) -> None:
@@ -405,7 +359,7 @@ class StreamRelay:
         leg breaks, so a stream that ends well never pays for parsing its chunks."""
         self.cur.raw.append(data)
 
-    def _read_back(self, leg: _Leg) -> None:
+    def _read_back(self, leg: Leg) -> None:
         """Read the first leg's kept payloads into what a migration needs."""
         raw, leg.raw = leg.raw, []
         for data in raw:
@@ -517,7 +471,7 @@ class StreamRelay:
                         continue  # a usage-only chunk the client did not ask for
                     self.usage_relayed = True
             obj.update(self.ident)
-            if chat and isinstance(choices, list) and _drop_role(choices) and usage is None:
+            if chat and isinstance(choices, list) and drop_role(choices) and usage is None:
                 continue  # the continuation's role-only opening
             out.append(b"data: " + orjson.dumps(obj) + b"\n\n")
         return b"".join(out)
@@ -535,80 +489,3 @@ class StreamRelay:
                          - self.prefix_tokens)
         return {**usage, "prompt_tokens": prompt, "completion_tokens": completion,
                 "total_tokens": prompt + completion}
-
-
-def _drop_role(choices: list[Any]) -> bool:
-    """Remove ``role`` from the deltas; True when nothing is left to send (a role chunk)."""
-    empty = True
-    for choice in choices:
-        if not isinstance(choice, dict):
-            return False
-        delta = choice.get("delta")
-        if isinstance(delta, dict):
-            delta.pop("role", None)
-            if any(v for v in delta.values()):
-                empty = False
-        if choice.get("finish_reason") is not None or choice.get("logprobs"):
-            empty = False
-    return empty and bool(choices)
-
-
-def _max_tokens(api: str, body: dict[str, Any]) -> int | None:
-    """The output limit the client asked for (None: up to the engine)."""
-    if api == "chat":
-        value = body.get("max_completion_tokens")
-        if value is None:
-            value = body.get("max_tokens")
-    else:
-        value = body.get("max_tokens", COMPLETIONS_DEFAULT_MAX_TOKENS)
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _request_refusal(api: str, body: dict[str, Any]) -> str | None:
-    """Why this request cannot be continued from a prefix (None: it can)."""
-    n = body.get("n")
-    if isinstance(n, int) and n > 1:
-        return "n > 1"
-    if any(body.get(key) is not None for key in _GUIDED):
-        return "structured output"
-    fmt = body.get("response_format")
-    if isinstance(fmt, dict) and fmt.get("type") not in (None, "text"):
-        return "structured output"
-    if api == "chat":
-        messages = body.get("messages")
-        return None if isinstance(messages, list) else "no messages"
-    if body.get("echo") or body.get("suffix") or (body.get("best_of") or 1) > 1:
-        return "echo, suffix or best_of"
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1:
-        prompt = prompt[0]
-    return None if isinstance(prompt, str) else "the prompt is not one string"
-
-
-def continuation_body(api: str, body: dict[str, Any], text: str, tokens: int
-                      ) -> dict[str, Any]:
-    """The request that continues ``body``'s answer after ``text`` (``tokens`` tokens)."""
-    out = dict(body)
-    if api == "chat":
-        if text:
-            messages = list(body["messages"])
-            last = messages[-1] if messages else None
-            if body.get("continue_final_message") and isinstance(last, dict) and \
-                    last.get("role") == "assistant" and isinstance(last.get("content"), str):
-                messages[-1] = {**last, "content": last["content"] + text}
-            else:
-                messages.append({"role": "assistant", "content": text})
-            out["messages"] = messages
-            out["continue_final_message"] = True
-            out["add_generation_prompt"] = False
-        keys: tuple[str, ...] = ("max_completion_tokens", "max_tokens")
-    else:
-        prompt = body["prompt"]
-        out["prompt"] = [prompt[0] + text] if isinstance(prompt, list) else prompt + text
-        out.setdefault("max_tokens", COMPLETIONS_DEFAULT_MAX_TOKENS)
-        keys = ("max_tokens",)
-    for key in (*keys, "min_tokens"):
-        value = out.get(key)
-        if isinstance(value, int) and not isinstance(value, bool):
-            out[key] = max(0 if key == "min_tokens" else 1, value - tokens)
-    return out
