@@ -254,7 +254,10 @@ async def test_spend_totals_per_key_and_period(store: Harness) -> None:
 @pytest.fixture()
 async def two_replicas(redis_url: str) -> AsyncIterator[tuple[RedisLimits, RedisLimits]]:
     prefix = unique_prefix()
-    a, b = RedisLimits.from_url(redis_url, prefix), RedisLimits.from_url(redis_url, prefix)
+    # a generous timeout: these tests are about atomicity, and 60 concurrent scripts opening
+    # their first connections on a busy CI machine can take longer than the 0.25 s default
+    a, b = (RedisLimits.from_url(redis_url, prefix, timeout_s=5.0),
+            RedisLimits.from_url(redis_url, prefix, timeout_s=5.0))
     yield a, b
     await a.close()
     await b.close()
