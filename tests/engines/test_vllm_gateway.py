@@ -104,22 +104,27 @@ async def test_completions_async(fleet: Proc, real: RealEngine) -> None:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_context_errors_are_relayed_with_their_status(fleet: Proc, real: RealEngine,
-                                                      stream: bool) -> None:
+def test_context_errors_name_the_field_vllm_names(fleet: Proc, real: RealEngine,
+                                                  stream: bool) -> None:
+    """Over the context by the gateway's own count: the gateway answers OpenAI's 400 itself
+    (no engine is asked), naming the field vLLM would name. Over it only by the engine's
+    tokenizer (the gateway's ~4 characters a token undercounts one token a digit): vLLM's own
+    400 is relayed with its status and param."""
     client = _client(fleet)
     with pytest.raises(openai.BadRequestError) as too_many:
         client.chat.completions.create(model=PUBLIC_REAL, messages=MESSAGES,
                                        max_tokens=MAX_MODEL_LEN + 44, stream=stream)
     err = too_many.value.body
     assert too_many.value.status_code == 400 and isinstance(err, dict)
-    assert err["param"] == "max_tokens"
-    assert f"max_model_len={MAX_MODEL_LEN}" in err["message"]
+    assert err["param"] == "max_tokens" and err["code"] == "context_length_exceeded"
+    assert f"maximum context length is {MAX_MODEL_LEN} tokens" in err["message"]
     with pytest.raises(openai.BadRequestError) as too_long:
         client.chat.completions.create(
-            model=PUBLIC_REAL, stream=stream,
-            messages=[{"role": "user", "content": "hello world " * MAX_MODEL_LEN}])
-    assert isinstance(too_long.value.body, dict)
-    assert too_long.value.body["param"] == "input_tokens"
+            model=PUBLIC_REAL, stream=stream, max_tokens=8,
+            messages=[{"role": "user", "content": "7" * (2 * MAX_MODEL_LEN)}])
+    err = too_long.value.body
+    assert isinstance(err, dict) and err["param"] == "input_tokens"  # vLLM's, relayed
+    assert f"maximum context length is {MAX_MODEL_LEN} tokens" in err["message"]
 
 
 @pytest.fixture
@@ -187,19 +192,22 @@ def test_collector_reads_the_real_metrics_under_load(fleet: Proc, real: RealEngi
     learned tokens/s, which needs two scrapes around the load, is not asserted.)"""
     assert_metrics_parse(httpx.get(real.url + "/metrics", timeout=10).text, "vllm")
     before = vllm_metrics(real.url)["vllm:generation_tokens_total"]
-    seen: list[dict[str, Any]] = []
-    threads, statuses = _load(fleet, 2, LOAD_TOKENS)
-    while any(t.is_alive() for t in threads):
-        row = endpoint_row(fleet.url, real.url) or {}
-        seen.append({k: row.get(k) for k in ("running", "kv_usage", "in_flight",
-                                             "scrape_age_s")})
-        time.sleep(0.05)
-    for t in threads:
-        t.join(timeout=120)
-    assert statuses == [200] * 2
-    peak_running = max((r["running"] or 0) for r in seen)
-    peak_kv = max((r["kv_usage"] or 0) for r in seen)
-    assert peak_running >= 1 and peak_kv > 0, f"rows during the load: {seen}"
+    for _ in range(3):  # a load that ends between two scrapes (1 s apart) is not seen: again
+        seen: list[dict[str, Any]] = []
+        threads, statuses = _load(fleet, 2, LOAD_TOKENS)
+        while any(t.is_alive() for t in threads):
+            row = endpoint_row(fleet.url, real.url) or {}
+            seen.append({k: row.get(k) for k in ("running", "kv_usage", "in_flight",
+                                                 "scrape_age_s")})
+            time.sleep(0.05)
+        for t in threads:
+            t.join(timeout=120)
+        assert statuses == [200] * 2
+        peak_running = max((r["running"] or 0) for r in seen)
+        peak_kv = max((r["kv_usage"] or 0) for r in seen)
+        if peak_running >= 1 and peak_kv > 0:
+            break
+    assert peak_running >= 1 and peak_kv > 0, f"rows during the last load: {seen}"
     wait_for(lambda: (r := endpoint_row(fleet.url, real.url)) and r["running"] == 0, 30,
              "the collector to see the engine idle")
     assert vllm_metrics(real.url)["vllm:generation_tokens_total"] >= before + 2 * LOAD_TOKENS

@@ -349,3 +349,21 @@ async def test_the_gateway_answers_context_length_exceeded(api: str, param: str,
     assert (exc.status, exc.code, exc.param) == (400, "context_length_exceeded", param)
     assert exc.message.startswith("This model's maximum context length is 8192 tokens. ")
     assert message in exc.message
+
+
+@pytest.mark.parametrize(("api", "cap"), [("chat", "max_tokens"),
+                                          ("chat", "max_completion_tokens"),
+                                          ("completions", "max_tokens"),
+                                          ("responses", "max_output_tokens")])
+async def test_an_output_cap_over_the_context_is_named(api: str, cap: str) -> None:
+    """The prompt fits, the output cap does not: the error names the field the request set,
+    as vLLM does (param max_tokens), not the prompt."""
+    proxy = _service()
+    routing = RoutingRequest(MODEL, api=api, max_tokens=9000, prompt_chars=400)
+    with pytest.raises(ContextLengthExceeded) as caught:
+        await proxy.handle(ProxyRequest(APIS[api], routing, {"model": MODEL, cap: 9000}, "rid"))
+    exc = caught.value
+    assert (exc.status, exc.code, exc.param) == (400, "context_length_exceeded", cap)
+    assert exc.message == (f"'{cap}' is too large: 9000. This model's maximum context length "
+                           "is 8192 tokens and your request has about 108 input tokens "
+                           "(9000 > 8192 - 108).")

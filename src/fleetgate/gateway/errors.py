@@ -57,10 +57,18 @@ class ContextLengthExceeded(BadRequest):
 
 
 def context_length_exceeded(limit: int, prompt_tokens: int, completion_tokens: int | None,
-                            param: str) -> ContextLengthExceeded:
+                            param: str, cap_param: str | None = None) -> ContextLengthExceeded:
     """OpenAI's 400 for a request over the model's context; ``param`` names the prompt field
     ("messages", "prompt", "input"), ``completion_tokens`` None: the request set no output
-    cap (or has no output). Token counts are the gateway's estimate (~4 characters a token)."""
+    cap (or has no output). Token counts are the gateway's estimate (~4 characters a token).
+
+    When the prompt alone fits and the output cap (``cap_param``, the field the request set)
+    is what overflows, the error names the cap, in vLLM's words, as vLLM and SGLang do."""
+    if completion_tokens is not None and cap_param and prompt_tokens < limit:
+        return ContextLengthExceeded(
+            f"'{cap_param}' is too large: {completion_tokens}. This model's maximum context "
+            f"length is {limit} tokens and your request has about {prompt_tokens} input tokens "
+            f"({completion_tokens} > {limit} - {prompt_tokens}).", param=cap_param)
     what = "the messages" if param == "messages" else f"the {param}"
     if completion_tokens is None:
         message = (f"This model's maximum context length is {limit} tokens. However, "

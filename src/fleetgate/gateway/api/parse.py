@@ -33,13 +33,11 @@ import orjson
 from starlette.requests import Request
 
 from fleetgate.gateway.errors import BadRequest, PayloadTooLarge, RequestTimeout
+from fleetgate.gateway.proxy.apis import APIS
 from fleetgate.routing import RoutingRequest
 from fleetgate.routing.plugins.prefix_cache import chunk_hashes
 
 ROUTING_HEADERS = ("x-priority", "x-fleetgate-session", "x-session-id")
-OUTPUT_CAPS = {"chat": ("max_completion_tokens", "max_tokens"), "completions": ("max_tokens",),
-               "responses": ("max_output_tokens",), "messages": ("max_tokens",),
-               "embeddings": ()}
 
 
 async def read_body(request: Request, limit: int, timeout_s: float | None = None) -> bytes:
@@ -125,7 +123,7 @@ def routing_request(api: str, body: dict[str, Any], request: Request) -> Routing
         if not stream:
             raise BadRequest("'stream_options' is only allowed when 'stream' is true",
                              param="stream_options")
-    max_tokens = _max_tokens(body, OUTPUT_CAPS[api])
+    max_tokens = _max_tokens(body, APIS[api].output_caps)
     if api == "messages" and max_tokens is None:
         raise BadRequest("'max_tokens' is required", param="max_tokens")
     user = _typed(body, "user", str, None)

@@ -48,6 +48,7 @@ class Api:
     usage_out: str | None
     asks_usage: bool  # add stream_options.include_usage upstream
     prompt_param: str = "messages"  # the prompt's field: what a context_length_exceeded names
+    output_caps: tuple[str, ...] = ("max_tokens",)  # the fields that cap the output, first wins
     resumes: bool = False  # a stream broken mid-way continues elsewhere (stream.py)
 
     def usage(self, raw: dict[str, Any] | None) -> dict[str, int] | None:
@@ -100,15 +101,16 @@ def _int(value: Any) -> int:
 _DONE = (b"data: [DONE]",)
 APIS: dict[str, Api] = {a.name: a for a in (
     Api("chat", "/v1/chat/completions", True, _DONE, None, "prompt_tokens",
-        "completion_tokens", True, resumes=True),
+        "completion_tokens", True, output_caps=("max_completion_tokens", "max_tokens"),
+        resumes=True),
     Api("completions", "/v1/completions", True, _DONE, None, "prompt_tokens",
         "completion_tokens", True, "prompt", resumes=True),
     Api("responses", "/v1/responses", True,
         (b'"type":"response.completed"', b'"type":"response.incomplete"',
          b'"type":"response.failed"'), b'.delta"', "input_tokens", "output_tokens", False,
-        "input"),
+        "input", ("max_output_tokens",)),
     Api("messages", "/v1/messages", True, (b'"type":"message_stop"',),
         b'"type":"content_block_delta"', "input_tokens", "output_tokens", False),
     Api("embeddings", "/v1/embeddings", False, (), None, "prompt_tokens", None, False,
-        "input"),
+        "input", ()),
 )}

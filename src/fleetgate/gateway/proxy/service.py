@@ -121,7 +121,8 @@ class ProxyService:
             self.decisions.record(req.request_id, decision)
             raise context_length_exceeded(
                 decision.context_limit, req.routing.prompt_tokens_estimate,
-                req.routing.max_tokens if req.api.usage_out else None, req.api.prompt_param)
+                req.routing.max_tokens if req.api.usage_out else None, req.api.prompt_param,
+                next((f for f in req.api.output_caps if req.body.get(f) is not None), None))
         key = (req.routing.model, req.routing.api)
         if req.priority != "high" and (room(decision) == 0 or self.flow.waiting(key)):
             await self.flow.wait(req.routing, req.priority, req.weight, decision)
