@@ -129,13 +129,13 @@ def gateway_config(mock_url: str, strategy: str) -> str:
 
 
 def start_gateway(config_path: Path, cpu: int | None, timeout: float = 60.0,
-                  source: Path | None = None) -> Child:
+                  source: Path | None = None, workers: int = 1) -> Child:
     """``fleetgate serve`` with its default settings; its stdout/stderr (the per-request JSON
     log included) go to a file beside the config, as they would go to a log collector.
     ``source``: run the fleetgate package found there instead (a checkout's ``src/``)."""
     port = free_port()
     cmd = [sys.executable, "-m", "fleetgate.cli", "serve", "--config", str(config_path),
-           "--port", str(port)]
+           "--port", str(port)] + (["--workers", str(workers)] if workers > 1 else [])
     log_path = config_path.with_suffix(".log")
     env = {**os.environ, "PYTHONPATH": str(source)} if source else None
     with log_path.open("w") as log:

@@ -72,7 +72,7 @@ def spawn_emulator(engine: str, gpu: str, models: list[str], *, speed: float = 2
 
 
 def spawn_gateway(config: dict | Path, tmp: Path, *, env: dict[str, str] | None = None,
-                  wait_ready: bool = True, timeout: float = 60.0) -> Proc:
+                  wait_ready: bool = True, timeout: float = 60.0, workers: int = 1) -> Proc:
     if isinstance(config, dict):
         path = tmp / f"fleet-{time.monotonic_ns()}.yaml"
         path.write_text(yaml.safe_dump(config))
@@ -80,7 +80,7 @@ def spawn_gateway(config: dict | Path, tmp: Path, *, env: dict[str, str] | None 
         path = config
     port = free_port()
     cmd = [sys.executable, "-m", "fleetgate.cli", "serve", "--config", str(path),
-           "--port", str(port)]
+           "--port", str(port), "--workers", str(workers)]
     full_env = {**os.environ, "FLEETGATE_HEALTH_INTERVAL_S": "0.2", **(env or {})}
     popen = subprocess.Popen(cmd, env=full_env, stdin=subprocess.DEVNULL, text=True)
     url = f"http://127.0.0.1:{port}"

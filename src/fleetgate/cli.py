@@ -44,13 +44,16 @@ def serve(
     config: Annotated[Optional[Path], typer.Option(help="fleet config (default: $FLEETGATE_CONFIG or the embedded default)")] = None,  # noqa: E501, UP045
     host: Annotated[Optional[str], typer.Option(help="listen address")] = None,  # noqa: UP045
     port: Annotated[Optional[int], typer.Option(help="listen port")] = None,  # noqa: UP045
+    workers: Annotated[Optional[int], typer.Option(help="gateway processes sharing the port, the limits and /metrics (default: $FLEETGATE_WORKERS or 1)")] = None,  # noqa: E501, UP045
 ) -> None:
     """Run the gateway."""
+    import socket
+
     from fleetgate.gateway.app import create_app
     from fleetgate.gateway.server import GatewayServer, server_config
     from fleetgate.gateway.settings import Settings
 
-    settings = Settings.from_env(config_path=config, host=host, port=port)
+    settings = Settings.from_env(config_path=config, host=host, port=port, workers=workers)
     _logging(settings.log_level)
     try:  # fail before binding the port if the config is bad
         checked_config(settings.config_path) if settings.config_path else None
@@ -58,12 +61,20 @@ def serve(
         _print_errors(exc)
         raise typer.Exit(1) from None
     _lift_open_files_limit()
+    if settings.workers > 1:
+        from fleetgate.gateway.processes import supervise
+
+        raise typer.Exit(supervise(settings))
     gateway = create_app(settings)
     server = GatewayServer(server_config(gateway, settings.host, settings.port,
                                          settings.log_level, settings.header_timeout_s,
                                          settings.shutdown_timeout_s),
                            gateway.state.stop_streams, settings.shutdown_timeout_s)
-    server.run()
+    if not settings.reuse_port:
+        server.run()
+    else:  # a worker of ``serve --workers``: the kernel spreads connections over the workers
+        server.run(sockets=[socket.create_server((settings.host, settings.port),
+                                                 reuse_port=True, backlog=2048)])
 
 
 def _lift_open_files_limit(ceiling: int = 65536) -> None:

@@ -1,4 +1,5 @@
-"""The store contract: one suite, run against the in-memory and the Redis stores.
+"""The store contract: one suite, run against the in-memory stores, the same served to
+``serve --workers`` over a Unix socket (``local``), and the Redis stores.
 
 Time is injected: limits take ``now`` from the test, the memory shared state runs on a fake
 clock. The only wall-clock wait is Redis's own key expiry for a dead replica (TTL 0.3 s,
@@ -25,6 +26,7 @@ from fleetgate.state.store import (
     MemorySharedState,
     SharedState,
 )
+from fleetgate.state.store.local import LocalStore, LocalStoreServer
 from fleetgate.state.store.redis import RedisLimits, RedisSharedState
 from store_redis import unique_prefix, wait_key_gone
 
@@ -51,15 +53,26 @@ class Harness:
         await self.let_expire(f"replica:{replica_id}")
 
 
-@pytest.fixture(params=["memory", "redis"])
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
-    if request.param == "memory":
+@pytest.fixture(params=["memory", "local", "redis"])
+async def store(request: pytest.FixtureRequest,
+                tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Harness]:
+    if request.param in ("memory", "local"):
         clock = FakeClock()
 
         async def advance(_key: str) -> None:
             clock.t += 5.01
 
-        yield Harness(MemorySharedState(clock), MemoryLimits(clock), 5.0, advance)
+        shared, limits = MemorySharedState(clock), MemoryLimits(clock)
+        if request.param == "memory":
+            yield Harness(shared, limits, 5.0, advance)
+            return
+        path = str(tmp_path_factory.mktemp("store") / "store.sock")
+        server = LocalStoreServer(shared, limits)
+        await server.start(path)
+        client = LocalStore(path, timeout_s=5.0)
+        yield Harness(client, client, 5.0, advance)
+        await client.close()
+        await server.close()
         return
     url, prefix = request.getfixturevalue("redis_url"), unique_prefix()
     raw = aioredis.Redis.from_url(url)
@@ -250,21 +263,32 @@ async def test_spend_totals_per_key_and_period(store: Harness) -> None:
     assert await store.limits.spent("team-a", "2026-12-01") == 0
 
 
-# -- Redis only: two replicas, one limit -----------------------------------------------
-@pytest.fixture()
-async def two_replicas(redis_url: str) -> AsyncIterator[tuple[RedisLimits, RedisLimits]]:
-    prefix = unique_prefix()
+# -- two clients, one limit: two workers (local) or two replicas (Redis) -----------------
+@pytest.fixture(params=["local", "redis"])
+async def two_replicas(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+                       ) -> AsyncIterator[tuple[LimitStore, LimitStore]]:
+    if request.param == "local":
+        path = str(tmp_path_factory.mktemp("store") / "store.sock")
+        server = LocalStoreServer(MemorySharedState(), MemoryLimits())
+        await server.start(path)
+        local = LocalStore(path, timeout_s=5.0), LocalStore(path, timeout_s=5.0)
+        yield local
+        for client in local:
+            await client.close()
+        await server.close()
+        return
+    url, prefix = request.getfixturevalue("redis_url"), unique_prefix()
     # a generous timeout: these tests are about atomicity, and 60 concurrent scripts opening
     # their first connections on a busy CI machine can take longer than the 0.25 s default
-    a, b = (RedisLimits.from_url(redis_url, prefix, timeout_s=5.0),
-            RedisLimits.from_url(redis_url, prefix, timeout_s=5.0))
+    a, b = (RedisLimits.from_url(url, prefix, timeout_s=5.0),
+            RedisLimits.from_url(url, prefix, timeout_s=5.0))
     yield a, b
     await a.close()
     await b.close()
 
 
 async def test_two_replicas_share_one_limit(
-        two_replicas: tuple[RedisLimits, RedisLimits]) -> None:
+        two_replicas: tuple[LimitStore, LimitStore]) -> None:
     a, b = two_replicas
     for i in range(6):
         assert (await (a, b)[i % 2].take("rpm", 1, 6, W, T0 + i)).allowed
@@ -280,7 +304,7 @@ async def test_two_replicas_share_one_limit(
 
 
 async def test_concurrent_takes_are_atomic(
-        two_replicas: tuple[RedisLimits, RedisLimits]) -> None:
+        two_replicas: tuple[LimitStore, LimitStore]) -> None:
     a, b = two_replicas
     verdicts = await asyncio.gather(*[(a, b)[i % 2].take("rpm", 1, 25, W, T0 + i * 1e-3)
                                       for i in range(60)])

@@ -181,7 +181,8 @@ async def _start(app: FastAPI, settings: Settings, overrides: Overrides,
     stack.push_async_callback(backend.close)
     http = background_session()
     stack.push_async_callback(http.close)
-    stores = create_stores(settings.redis_url, prefix=settings.redis_prefix)
+    stores = create_stores(settings.redis_url, prefix=settings.redis_prefix,
+                           local_socket=settings.store_socket)
     stack.push_async_callback(stores.close)
     gen = await build_generation(config, settings, http, overrides.router)
     ref: list[AppState] = []
@@ -354,7 +355,9 @@ def _announce(config: FleetConfig, state: AppState) -> None:
     endpoints = sum(len(p.endpoints) for p in config.pools)
     log.info("fleet: %d pools, %d endpoints, models %s", len(config.pools), endpoints,
              ", ".join(config.public_models()))
-    store = "redis" if state.settings.redis_url else "in-memory (one replica)"
+    store = ("redis" if state.settings.redis_url else
+             "the supervisor's (serve --workers)" if state.settings.store_socket else
+             "in-memory (one replica)")
     log.info("state store: %s; replica %s", store, state.sync.replica_id if state.sync else "-")
     if state.keys.open:
         log.warning("NO API KEYS CONFIGURED: this gateway is open to anyone who can reach it, "

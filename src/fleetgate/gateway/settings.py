@@ -18,6 +18,12 @@
 | FLEETGATE_HEADER_TIMEOUT_S | 10 | a request's headers must arrive within this (slowloris) |
 | FLEETGATE_BODY_TIMEOUT_S | 30 | a request's body must arrive within this (408 beyond) |
 | FLEETGATE_SHUTDOWN_TIMEOUT_S | 30 | on shutdown, streams still open then end with an error |
+| FLEETGATE_WORKERS | 1 | worker processes of ``fleetgate serve`` (``--workers``) |
+
+``serve --workers N`` sets three more for its workers (``gateway/processes.py``):
+``FLEETGATE_STORE_SOCKET`` (the supervisor's stores, when no Redis is set),
+``FLEETGATE_SHARED_EMULATORS`` (JSON: the emulated engines it runs, by key, to their URLs)
+and ``FLEETGATE_REUSE_PORT`` (each worker listens on the port with SO_REUSEPORT).
 
 Tracing is configured by the standard ``OTEL_*`` variables (``gateway/telemetry/tracing.py``).
 
@@ -26,12 +32,13 @@ May touch: os.environ, pydantic. Must not touch: anything else.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class Settings(BaseModel):
@@ -54,6 +61,15 @@ class Settings(BaseModel):
     header_timeout_s: float = Field(default=10.0, gt=0)
     body_timeout_s: float = Field(default=30.0, gt=0)
     shutdown_timeout_s: float = Field(default=30.0, gt=0)
+    workers: int = Field(default=1, ge=1, le=256)
+    store_socket: str | None = None
+    shared_emulators: dict[str, str] = Field(default_factory=dict)
+    reuse_port: bool = False
+
+    @field_validator("shared_emulators", mode="before")
+    @classmethod
+    def _json(cls, value: object) -> object:
+        return json.loads(value) if isinstance(value, str) else value
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:

@@ -191,7 +191,8 @@ async def build_generation(config: FleetConfig, settings: Settings, http: aiohtt
         raise ConfigError(str(settings.config_path or "config"), exc.errors) from None
     fleet = Fleet(config, http, interval_s=settings.health_interval_s,
                   stale_after_s=settings.stale_after_s,
-                  clock=previous.clock if previous else time.monotonic)
+                  clock=previous.clock if previous else time.monotonic,
+                  shared_emulators=settings.shared_emulators)
     if previous is None:
         await fleet.start()
     else:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, urlsplit
@@ -44,8 +44,10 @@ Clock = Callable[[], float]
 class Fleet:
     def __init__(self, config: FleetConfig, http: aiohttp.ClientSession, *,
                  interval_s: float = 1.0, stale_after_s: float = 10.0,
-                 clock: Clock = time.monotonic) -> None:
+                 clock: Clock = time.monotonic,
+                 shared_emulators: Mapping[str, str] | None = None) -> None:
         self.config = config
+        self._shared_emulators = shared_emulators or {}  # key -> URL: run by the supervisor
         self.clock = clock
         self._http = http
         self._interval = interval_s
@@ -85,20 +87,7 @@ class Fleet:
         routing and live state stand; the collector reads its capacity again as after any
         restart). Runs before each collector tick; one that cannot start is tried again at
         the next."""
-        for key, handle in list(self.emulators.items()):
-            if handle.returncode is None:
-                continue
-            ep = next(e for e in self.endpoints if e.is_emulated and _emulator_key(e) == key)
-            try:
-                fresh = await _launch(ep, urlsplit(handle.url).port or 0)
-            except Exception as exc:
-                log.warning("emulated engine %s exited and could not be restarted: %s",
-                            ep.id, exc)
-                continue
-            await handle.stop()  # closes its pipe
-            self.emulators[key] = fresh
-            log.warning("emulated engine %s had exited (code %s); restarted at %s", ep.id,
-                        handle.returncode, fresh.url)
+        await revive_emulators(self.emulators, self.endpoints)
 
     async def retire(self, keep: set[str], drain_timeout_s: float, poll_s: float = 0.1) -> None:
         """This fleet was replaced (a reload): stop collecting now, and stop its emulated
@@ -129,24 +118,57 @@ class Fleet:
         return live_fleet(self.endpoints, self._stale_after)
 
     async def _start_emulators(self, adopt: dict[str, EmulatorHandle]) -> None:
-        wanted = {_emulator_key(ep): ep for ep in self.endpoints if ep.is_emulated}
+        shared = self._shared_emulators
+        wanted = {_emulator_key(ep): ep for ep in self.endpoints
+                  if ep.is_emulated and _emulator_key(ep) not in shared}
         dead = [h for k, h in adopt.items() if k in wanted and h.returncode is not None]
         await asyncio.gather(*(h.stop() for h in dead))  # a reload starts them anew
         self.emulators = {k: h for k, h in adopt.items() if k in wanted and h not in dead}
-        missing = [k for k in wanted if k not in self.emulators]
-        results = await asyncio.gather(*(_launch(wanted[k]) for k in missing),
-                                       return_exceptions=True)
-        for key, result in zip(missing, results, strict=True):
-            if not isinstance(result, BaseException):
-                self.emulators[key] = result
-        failed = [r for r in results if isinstance(r, BaseException)]
-        if failed:
+        missing = [wanted[k] for k in wanted if k not in self.emulators]
+        try:
+            self.emulators.update(await launch_emulators(missing))
+        except RuntimeError:
             await self.stop(keep=set(adopt))
-            raise RuntimeError(f"could not start emulated engines: {failed[0]}") from failed[0]
-        self.endpoints = [replace(ep, url=self.emulators[_emulator_key(ep)].url)
-                          if ep.is_emulated else ep for ep in self.endpoints]
-        for key in missing:
-            log.info("started emulated engine %s at %s", key, self.emulators[key].url)
+            raise
+        urls = {**shared, **{k: h.url for k, h in self.emulators.items()}}
+        self.endpoints = [replace(ep, url=urls[_emulator_key(ep)]) if ep.is_emulated else ep
+                          for ep in self.endpoints]
+
+
+async def launch_emulators(endpoints: list[Endpoint]) -> dict[str, EmulatorHandle]:
+    """One emulated engine per distinct emulated source among ``endpoints``, keyed as a
+    ``Fleet`` keys them (what ``serve --workers`` hands its workers). All start or none:
+    when one fails the others are stopped and ``RuntimeError`` says why."""
+    wanted = {_emulator_key(ep): ep for ep in endpoints if ep.is_emulated}
+    results = await asyncio.gather(*(_launch(ep) for ep in wanted.values()),
+                                   return_exceptions=True)
+    started = {k: r for k, r in zip(wanted, results, strict=True)
+               if not isinstance(r, BaseException)}
+    failed = [r for r in results if isinstance(r, BaseException)]
+    if failed:
+        await asyncio.gather(*(h.stop() for h in started.values()), return_exceptions=True)
+        raise RuntimeError(f"could not start emulated engines: {failed[0]}") from failed[0]
+    for key, handle in started.items():
+        log.info("started emulated engine %s at %s", key, handle.url)
+    return started
+
+
+async def revive_emulators(emulators: dict[str, EmulatorHandle],
+                           endpoints: list[Endpoint]) -> None:
+    """Restart, in place in ``emulators``, each engine that exited, on its old port."""
+    for key, handle in list(emulators.items()):
+        if handle.returncode is None:
+            continue
+        ep = next(e for e in endpoints if e.is_emulated and _emulator_key(e) == key)
+        try:
+            fresh = await _launch(ep, urlsplit(handle.url).port or 0)
+        except Exception as exc:
+            log.warning("emulated engine %s exited and could not be restarted: %s", ep.id, exc)
+            continue
+        await handle.stop()  # closes its pipe
+        emulators[key] = fresh
+        log.warning("emulated engine %s had exited (code %s); restarted at %s", ep.id,
+                    handle.returncode, fresh.url)
 
 
 def live_fleet(endpoints: list[Endpoint], stale_after_s: float = 10.0) -> LiveFleet:

@@ -12,6 +12,11 @@ Two kinds of series:
   scrape errors, all read from the live fleet of the current generation when Prometheus
   scrapes, never pushed per request.
 
+Under ``serve --workers N`` (``PROMETHEUS_MULTIPROC_DIR`` set by the supervisor) the pushed
+series live in prometheus_client's per-process files and a scrape of any worker sums every
+worker's (``MultiProcessCollector``); the scrape-time gauges are the answering worker's view,
+whose in-flight count adds the other workers' (the shares they exchange, ``state/sync.py``).
+
 May touch: prometheus_client, the live fleet state (read only). Must not touch: HTTP, the
 request path's control flow.
 """
@@ -19,10 +24,11 @@ request path's control flow.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, multiprocess
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from fleetgate.catalog.pricing import usd_per_mtok
@@ -97,8 +103,9 @@ _GAUGES: tuple[tuple[str, str, str], ...] = (
 class FleetCollector:
     """Per-endpoint gauges read from the current generation's live state at scrape time."""
 
-    def __init__(self, fleet: Callable[[], Fleet]) -> None:
+    def __init__(self, fleet: Callable[[], Fleet], with_peers: bool = False) -> None:
         self._fleet = fleet
+        self._with_peers = with_peers  # in-flight: this process's plus its peers'
 
     def describe(self) -> Iterator[Metric]:
         return iter(self._families())
@@ -108,6 +115,8 @@ class FleetCollector:
         families = self._families()
         by_name: dict[str, Any] = {f.name: f for f in families}
         columns = {column: fleet.live.column(column) for _, column, _ in _GAUGES}
+        if self._with_peers:
+            columns["in_flight"] = columns["in_flight"] + fleet.live.column("peer_in_flight")
         for i, ep in enumerate(fleet.endpoints):
             labels = [ep.id, ep.pool]
             by_name[n.M_EP_INFO].add_metric(
@@ -154,8 +163,14 @@ def _add(family: Any, labels: list[str], value: float) -> None:
 
 
 def new_registry(fleet: Callable[[], Fleet]) -> tuple[CollectorRegistry, GatewayMetrics]:
-    """A private registry with the per-request metrics and the scrape-time collector."""
+    """A private registry with the per-request metrics and the scrape-time collector; under
+    ``serve --workers``, every worker's per-request metrics (module doc)."""
     registry = CollectorRegistry(auto_describe=True)
-    metrics = GatewayMetrics(registry)
-    registry.register(FleetCollector(fleet))
+    shared_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if shared_dir:
+        metrics = GatewayMetrics(CollectorRegistry())  # values go to this process's files
+        multiprocess.MultiProcessCollector(registry, shared_dir)
+    else:
+        metrics = GatewayMetrics(registry)
+    registry.register(FleetCollector(fleet, with_peers=bool(shared_dir)))
     return registry, metrics

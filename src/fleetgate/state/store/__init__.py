@@ -2,9 +2,10 @@
 
 ``create_stores(None)`` gives in-memory stores (one replica, the default);
 ``create_stores("redis://...")`` gives Redis stores behind failover wrappers, sharing one
-client (one connection pool). The lifespan owns the returned ``Stores`` and closes it.
-See ``base`` for the protocols and their semantics, ``failover`` for what happens while
-Redis is down.
+client (one connection pool); ``create_stores(None, local_socket=path)`` gives the stores a
+``serve --workers N`` supervisor serves its workers (``local``), behind the same failover.
+The lifespan owns the returned ``Stores`` and closes it. See ``base`` for the protocols and
+their semantics, ``failover`` for what happens while the store is down.
 
 May touch: the store modules. Must not touch: routing, HTTP, config.
 """
@@ -70,9 +71,18 @@ class Stores:
 
 def create_stores(redis_url: str | None, *, prefix: str = "fleetgate:",
                   timeout_s: float = 0.25, retry_every_s: float = 1.0,
-                  clock: Callable[[], float] = time.monotonic) -> Stores:
-    """In-memory stores for ``None``; Redis stores with failover for a URL. No I/O here:
-    the first call connects, and a Redis that is down at start-up is an outage like any."""
+                  clock: Callable[[], float] = time.monotonic,
+                  local_socket: str | None = None) -> Stores:
+    """In-memory stores for ``None``; Redis stores with failover for a URL; the supervisor's
+    stores for ``local_socket`` (Redis wins when both are given). No I/O here: the first
+    call connects, and a store that is down at start-up is an outage like any."""
+    if redis_url is None and local_socket is not None:
+        from fleetgate.state.store.local import LocalStore
+
+        local = LocalStore(local_socket, timeout_s)
+        return Stores(FailoverSharedState(local, retry_every_s, clock),
+                      FailoverLimitStore(local, MemoryLimits(clock), retry_every_s, clock),
+                      local.close)
     if redis_url is None:
         return Stores(MemorySharedState(clock), MemoryLimits(clock))
     from fleetgate.state.store.redis import RedisLimits, RedisSharedState, connect

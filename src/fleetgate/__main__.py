@@ -1,0 +1,5 @@
+"""``python -m fleetgate``: the command line (how ``serve --workers`` starts its workers)."""
+
+from fleetgate.cli import app
+
+app()
