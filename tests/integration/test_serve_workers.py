@@ -57,7 +57,14 @@ def gateway(tmp_path: Path) -> Iterator[Proc]:
     }
     proc = spawn_gateway(config, tmp_path, workers=2,
                          env={"FLEETGATE_SYNC_INTERVAL_S": "0.2", "FLEETGATE_REQUEST_LOG": "off"})
-    wait_for(lambda: len(_workers(proc)) == 2, 30, "two workers")
+    replicas: set[str] = set()
+
+    def both_listen() -> bool:  # a worker listens once its start-up is done
+        replicas.add(httpx.get(proc.url + "/admin/endpoints", headers=ADMIN_HEADERS,
+                               timeout=10).json()["replica"])
+        return len(replicas) == 2
+
+    wait_for(both_listen, 60, "both workers to answer")
     yield proc
     proc.stop()
 
@@ -101,8 +108,12 @@ def test_two_workers_share_the_limits_the_metrics_the_costs_and_the_engine(
     wait_for(both_answered, 20, "both workers' decision logs")
     assert sum(by_replica.values()) == RPM and min(by_replica.values()) > 0
 
+    def served() -> float:
+        return _metric(gateway.url, "fleetgate_requests_total", status="200")
+
+    wait_for(lambda: served() == RPM, 10, "the last request's metrics")  # after its answer
     for _ in range(4):  # one /metrics: whichever worker answers, every worker's requests
-        assert _metric(gateway.url, "fleetgate_requests_total", status="200") == RPM
+        assert served() == RPM
 
     def costs_of_both() -> dict | None:
         report = httpx.get(gateway.url + "/admin/costs", headers=ADMIN_HEADERS,

@@ -102,7 +102,7 @@ def create_app(settings: Settings, overrides: Overrides | None = None) -> FastAP
             _install_sighup(state)
             yield
 
-    app = FastAPI(title="fleetgate", version=__version__, lifespan=lifespan,
+    app = GatewayApp(title="fleetgate", version=__version__, lifespan=lifespan,
                   description="OpenAI-compatible inference gateway for mixed AMD + NVIDIA "
                               "GPU fleets: routes by live latency, queue depth and $/GPU-hour.",
                   docs_url="/docs", redoc_url=None, openapi_url="/openapi.json",
@@ -120,6 +120,41 @@ def create_app(settings: Settings, overrides: Overrides | None = None) -> FastAP
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     app.state.stop_streams = asyncio.Event()  # set at the shutdown deadline (server.py)
     return app
+
+
+class GatewayApp(FastAPI):
+    """FastAPI with a raw-ASGI fast path for the five OpenAI proxy routes.
+
+    A ``POST`` to one of their paths goes straight to its handler, past FastAPI's and
+    Starlette's per-request layers (FastAPI's own telemetry check, the error and exception
+    middlewares, the router, the admin gate). Those wrap ``send`` too, so every frame of a
+    stream crossed two more closures: about a quarter of the gateway's CPU on a stream
+    (BENCHMARKS.md, issue 17). The same handler is still a Starlette route (other
+    methods, a root path: the normal stack answers), and errors end the same way: a
+    ``GatewayError`` as its envelope, anything else logged and a 500 envelope."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
+            api = openai.BY_PATH.get(scope["path"])
+            if api is not None:
+                scope["app"] = self
+                await _proxy_route(scope, receive, send, api)
+                return
+        await super().__call__(scope, receive, send)
+
+
+async def _proxy_route(scope: Scope, receive: Receive, send: Send, api: Any) -> None:
+    request = Request(scope, receive, send)
+    try:
+        response = await openai.proxy(request, api)
+    except GatewayError as exc:
+        response = await _gateway_error(request, exc)
+    except Exception as exc:
+        response = await _unexpected_error(request, exc)
+    try:
+        await response(scope, receive, send)
+    except Exception:  # the response has started: nothing left to tell the client
+        log.exception("error while sending the answer to %s", request.url.path)
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:

@@ -13,14 +13,12 @@ May touch: starlette, gateway services. Must not touch: backends or routing inte
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import Any
 
 import orjson
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import Route
 
 from fleetgate.gateway.api.parse import (
@@ -32,11 +30,15 @@ from fleetgate.gateway.api.parse import (
 )
 from fleetgate.gateway.errors import BadRequest, NotFound
 from fleetgate.gateway.proxy.apis import APIS, Api
+from fleetgate.gateway.proxy.client import ClientWatch, SSEResponse
 from fleetgate.gateway.proxy.request import ProxyRequest
 from fleetgate.gateway.state import AppState
 
+SHUTDOWN_FRAMES = {name: api.error_frame(503, "the gateway is shutting down; retry the request")
+                   for name, api in APIS.items()}
 
-async def _proxy(request: Request, api: Api) -> Response:
+
+async def proxy(request: Request, api: Api) -> Response:
     state: AppState = request.app.state.fleetgate
     request_id = request_id_of(request.headers.get("x-request-id"))
     request.state.request_id = request_id
@@ -62,63 +64,26 @@ async def _proxy(request: Request, api: Api) -> Response:
                             await state.limits.admit(principal),
                             principal.priority_for(request.headers.get("x-priority")),
                             principal.weight)
-    response = await unless_client_leaves(request, state.proxy.handle(prepared))
-    stop: asyncio.Event | None = getattr(request.app.state, "stop_streams", None)
-    if isinstance(response, StreamingResponse) and stop is not None:
-        response.body_iterator = _until_shutdown(response.body_iterator, stop, api)
-    return response
-
-
-async def _until_shutdown(frames: AsyncIterable[Any], stop: asyncio.Event,
-                          api: Api) -> AsyncIterator[Any]:
-    """A stream that ends at the server's shutdown deadline (``gateway/server.py``): at its
-    next frame after it, with the API's error event (and ``[DONE]``); the relay is closed
-    (the attempt cancelled, the engine's request aborted). One flag test per frame."""
-    it = aiter(frames)
+    watch = ClientWatch(request.receive)  # the body is read: the next receive is a disconnect
     try:
-        async for frame in it:
-            if stop.is_set():
-                yield api.error_frame(503, "the gateway is shutting down; retry the request")
-                return
-            yield frame
-    finally:
-        close = getattr(it, "aclose", None)
-        if close is not None:
-            await close()
-
-
-async def unless_client_leaves(request: Request, work: Awaitable[Response]) -> Response:
-    """``work`` (the proxied exchange), cancelled when the client disconnects before it
-    returns: a non-streamed answer (or a stream before its first byte) is not computed for
-    nobody, charged and logged as served, nor does it keep its concurrency slot. The attempt
-    ends through its ``cancelled()`` path (the relay closes the upstream connection, so the
-    engine aborts the request). The body has been read: the next ``receive`` is the
-    disconnect. A stream, once returned, watches for it itself."""
-    task = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:  # this request itself was cancelled (shutdown)
-        task.cancel()
-        gone.cancel()
+        response = await state.proxy.handle(prepared)
+    except BaseException as exc:
+        watch.close()
+        if isinstance(exc, asyncio.CancelledError) and watch.left():
+            return Response(status_code=499)  # the client left: nobody reads it
         raise
-    if task.done():
-        gone.cancel()
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        await task
-    return Response(status_code=499)  # nobody reads it
-
-
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
+    if isinstance(response, SSEResponse):  # the stream watches on, and ends at shutdown
+        response.watch = watch
+        response.stop = getattr(request.app.state, "stop_streams", None)
+        response.shutdown_frame = SHUTDOWN_FRAMES[api.name]
+    else:
+        watch.close()
+    return response
 
 
 def _handler(api: Api) -> Callable[[Request], Awaitable[Response]]:
     async def handle(request: Request) -> Response:
-        return await _proxy(request, api)
+        return await proxy(request, api)
 
     handle.__name__ = f"{api.name}_handler"
     return handle
@@ -139,4 +104,5 @@ def json_ok(body: object, status: int = 200) -> Response:
 
 
 routes = [Route(api.path, _handler(api), methods=["POST"]) for api in APIS.values()]
+BY_PATH = {api.path: api for api in APIS.values()}  # the app's fast path (app.GatewayApp)
 routes.append(Route("/v1/models", list_models, methods=["GET"]))

@@ -40,14 +40,12 @@ May touch: backends (SSE, relay response), starlette responses. Must not touch: 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 import orjson
-from starlette.responses import Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.responses import Response
 
 from fleetgate.backends.relay import UpstreamError, UpstreamResponse
 from fleetgate.backends.sse import (
@@ -62,6 +60,7 @@ from fleetgate.backends.sse import (
 from fleetgate.gateway.errors import envelope, json_error
 from fleetgate.gateway.proxy.apis import Api
 from fleetgate.gateway.proxy.attempt import Attempt
+from fleetgate.gateway.proxy.client import SSEResponse
 from fleetgate.gateway.proxy.observer import RequestObserver
 from fleetgate.gateway.proxy.outcome import (
     RETRYABLE_STATUS,
@@ -141,48 +140,6 @@ async def open_continuation(resp: UpstreamResponse, attempt: Attempt) -> Opened:
         attempt.failed(err.status, err.message, counts_against_engine=err.status >= 500)
         raise NotResumable(err.status, f"{attempt.ep.id}: in-band {err.status}: {err.message}")
     return Opened(attempt, resp, framer, chunks, first)
-
-
-class SSEResponse(StreamingResponse):
-    """A StreamingResponse that watches for the client leaving with one plain asyncio task.
-
-    Starlette, under uvicorn's ASGI spec 2.3, runs each stream in an anyio task group whose
-    ``cancel()`` formats ``repr(task)``: about 0.4 ms of CPU per stream (BENCHMARKS.md).
-    Same behaviour: when the client disconnects, the body iterator is cancelled at its
-    current await (the relay closes the upstream connection) and the response just ends.
-    """
-
-    on_close: Callable[[], None] | None = None  # cleans up a body that never started
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        streaming = asyncio.current_task()
-        assert streaming is not None
-        state = {"open": True, "gone": False}
-
-        async def watch() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            if state["open"]:
-                state["gone"] = True
-                streaming.cancel()
-
-        watcher = asyncio.get_running_loop().create_task(watch())
-        try:
-            await send({"type": "http.response.start", "status": self.status_code,
-                        "headers": self.raw_headers})
-            async for chunk in self.body_iterator:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            state["open"] = False
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except asyncio.CancelledError:
-            if not state["gone"]:
-                raise
-            streaming.uncancel()  # our own cancel: the client left, the stream just ends
-        finally:
-            state["open"] = False
-            watcher.cancel()
-            if self.on_close is not None:
-                self.on_close()
 
 
 class StreamRelay:
