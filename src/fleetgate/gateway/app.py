@@ -44,8 +44,9 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fleetgate import __version__
+from fleetgate.backends.http1 import Http1Backend
 from fleetgate.backends.probes import background_session
-from fleetgate.backends.relay import AiohttpBackend, Backend, Timeouts
+from fleetgate.backends.relay import Backend, Timeouts
 from fleetgate.config import ConfigError, FleetConfig, default_config_path, load_config
 from fleetgate.gateway.api import admin, health, openai, workers
 from fleetgate.gateway.api.parse import request_id_of
@@ -212,7 +213,7 @@ async def _start(app: FastAPI, settings: Settings, overrides: Overrides,
     """Build every resource; ``stack`` closes them in reverse order on shutdown."""
     config: FleetConfig = overrides.config or load_config(
         settings.config_path or default_config_path())
-    backend: Backend = overrides.backend or AiohttpBackend()
+    backend: Backend = overrides.backend or Http1Backend()
     stack.push_async_callback(backend.close)
     http = background_session()
     stack.push_async_callback(http.close)

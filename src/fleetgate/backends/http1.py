@@ -1,0 +1,330 @@
+"""The relay client: a lean HTTP/1.1 keep-alive client on asyncio protocols and httptools.
+
+Why not aiohttp: for one POST and its answer, aiohttp's client (request and response
+objects, its writer, timeout contexts, payload registry) was about a third of the gateway's
+CPU per request against an instant engine (BENCHMARKS.md, issue 17). This client does what
+the relay needs and nothing else: one write per request (headers and body together), the
+answer parsed by httptools' C parser (status, headers, ``content-length`` or chunked
+bodies), body pieces handed on as they arrive, and the connection kept for the next request
+to the same engine when the answer was read to its end.
+
+- **Pool**: idle connections per (scheme, host, port), newest first, at most
+  ``max_idle_per_host``; one idle past ``keepalive_s`` is closed instead of reused. A
+  request that fails on a reused connection before any byte of its answer (the engine
+  closed it while idle) is sent again once on a new connection: the engine never saw it.
+- **Timeouts**: ``connect`` for the TCP (and TLS) connect, ``read`` for the wait before the
+  first byte and between body pieces, ``total`` for the whole exchange (one timer).
+- **Flow control**: reading from the engine pauses while more than ``HIGH_WATER`` bytes wait
+  for the client, so a slow client slows the engine's socket, not the gateway's memory.
+- **Close**: ``close()`` on an answer not read to its end closes the connection, so the
+  engine sees the disconnect and aborts the request (vLLM and SGLang both do).
+
+Failures are ``UpstreamError``s with the same kinds as before: ``connect``, ``timeout``,
+``protocol``.
+
+May touch: asyncio, ssl, httptools, the network. Must not touch: routing, the gateway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Mapping
+from urllib.parse import urlsplit
+
+import httptools
+
+from fleetgate.backends.relay import Timeouts, UpstreamError, UpstreamResponse
+
+HIGH_WATER = 256 * 1024  # bytes waiting for the client before the engine's socket pauses
+_Key = tuple[str, str, int]
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection to an engine; parses one answer at a time."""
+
+    def __init__(self, key: _Key, loop: asyncio.AbstractEventLoop) -> None:
+        self.key = key
+        self.loop = loop
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.status = 0
+        self.content_type = "application/json"
+        self.keep_alive = True
+        self.headers_done: asyncio.Future[None] | None = None
+        self.pieces: deque[bytes] = deque()
+        self.buffered = 0
+        self.complete = False
+        self.failure: UpstreamError | None = None
+        self.waiter: asyncio.Future[None] | None = None
+        self.got_bytes = False
+        self.paused = False
+        self.idle_since = 0.0
+        self.closed = False
+        self._header_name = b""
+
+    # -- asyncio.Protocol ----------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.got_bytes = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(UpstreamError("protocol", f"upstream sent bad HTTP: {exc}"))
+            self.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if not self.complete:
+            what = f": {exc}" if exc else ""
+            self._fail(UpstreamError("protocol", f"upstream closed the connection{what}"))
+
+    # -- httptools callbacks -------------------------------------------------------------
+    def on_header(self, name: bytes, value: bytes) -> None:
+        lower = name.lower()
+        if lower == b"content-type":
+            self.content_type = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        self.keep_alive = self.parser.should_keep_alive()
+        if self.headers_done is not None and not self.headers_done.done():
+            self.headers_done.set_result(None)
+
+    def on_body(self, body: bytes) -> None:
+        self.pieces.append(body)
+        self.buffered += len(body)
+        if self.buffered > HIGH_WATER and not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+        self._wake()
+
+    # -- the exchange --------------------------------------------------------------------
+    def start(self, request: bytes) -> asyncio.Future[None]:
+        """Send one request; the future resolves when the answer's headers are in."""
+        self.status, self.content_type, self.complete = 0, "application/json", False
+        self.pieces.clear()
+        self.buffered, self.got_bytes, self.failure = 0, False, None
+        self.headers_done = self.loop.create_future()
+        assert self.transport is not None
+        self.transport.write(request)
+        return self.headers_done
+
+    async def next_piece(self, read_s: float) -> bytes | None:
+        """The next body piece, or None at the end of the answer."""
+        while not self.pieces:
+            if self.failure is not None:
+                raise self.failure
+            if self.complete:
+                return None
+            self.waiter = self.loop.create_future()
+            handle = self.loop.call_later(read_s, self._timed_out)
+            try:
+                await self.waiter
+            finally:
+                handle.cancel()
+                self.waiter = None
+        piece = self.pieces.popleft()
+        self.buffered -= len(piece)
+        if self.paused and self.buffered <= HIGH_WATER // 4 and self.transport is not None:
+            self.paused = False
+            self.transport.resume_reading()
+        return piece
+
+    def _timed_out(self) -> None:
+        self._fail(UpstreamError("timeout", "upstream timed out"))
+        self.close()
+
+    def _fail(self, error: UpstreamError) -> None:
+        if self.failure is None:
+            self.failure = error
+        if self.headers_done is not None and not self.headers_done.done():
+            self.headers_done.set_exception(error)
+        self._wake()
+
+    def _wake(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+
+class _Response:
+    """``UpstreamResponse`` over one connection; gives it back to the pool when read to its
+    end, closes it otherwise."""
+
+    __slots__ = ("_backend", "_conn", "_deadline", "_done", "_read_s", "content_type",
+                 "status")
+
+    def __init__(self, backend: Http1Backend, conn: _Connection, read_s: float,
+                 deadline: asyncio.TimerHandle) -> None:
+        self._backend, self._conn, self._read_s, self._deadline = backend, conn, read_s, deadline
+        self._done = False
+        self.status = conn.status
+        self.content_type = conn.content_type
+
+    async def read(self) -> bytes:
+        parts = []
+        try:
+            while (piece := await self._conn.next_piece(self._read_s)) is not None:
+                parts.append(piece)
+        finally:
+            self.close()
+        return b"".join(parts)
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        if self._done:
+            return
+        while (piece := await self._conn.next_piece(self._read_s)) is not None:
+            yield piece
+
+    def close(self) -> None:
+        if self._done:  # once: the connection may already serve another request
+            return
+        self._done = True
+        conn = self._conn
+        self._deadline.cancel()
+        if conn.complete and conn.failure is None and conn.keep_alive and not conn.closed:
+            self._backend.release(conn)
+        elif not conn.closed:
+            conn.close()
+
+
+class Http1Backend:
+    """The production relay client (module doc). Create inside a running event loop."""
+
+    def __init__(self, max_idle_per_host: int = 256, keepalive_s: float = 30.0) -> None:
+        self._idle: dict[_Key, list[_Connection]] = {}
+        self._max_idle = max_idle_per_host
+        self._keepalive_s = keepalive_s
+        self._heads: dict[tuple[_Key, str], bytes] = {}
+        self._tls: ssl.SSLContext | None = None
+
+    async def post(self, url: str, body: bytes, headers: Mapping[str, str],
+                   timeouts: Timeouts) -> UpstreamResponse:
+        key, path = _parse(url)
+        request = self._head(key, path) + _header_lines(headers, len(body)) + body
+        loop = asyncio.get_running_loop()
+        for reused in (True, False):
+            conn = self._idle_connection(key) if reused else None
+            if reused and conn is None:
+                continue
+            if conn is None:
+                conn = await self._connect(key, timeouts.connect)
+            deadline = loop.call_later(timeouts.total, conn._timed_out)
+            try:
+                await _wait(conn.start(request), timeouts.read)
+            except UpstreamError:
+                deadline.cancel()
+                conn.close()
+                if reused and not conn.got_bytes:
+                    continue  # the engine closed it while idle and never saw this request
+                raise
+            except BaseException:
+                deadline.cancel()
+                conn.close()
+                raise
+            return _Response(self, conn, timeouts.read, deadline)
+        raise AssertionError("unreachable")
+
+    def release(self, conn: _Connection) -> None:
+        idle = self._idle.setdefault(conn.key, [])
+        if len(idle) >= self._max_idle:
+            conn.close()
+            return
+        conn.idle_since = time.monotonic()
+        idle.append(conn)
+
+    async def close(self) -> None:
+        for idle in self._idle.values():
+            for conn in idle:
+                conn.close()
+        self._idle.clear()
+
+    def _idle_connection(self, key: _Key) -> _Connection | None:
+        idle = self._idle.get(key)
+        now = time.monotonic()
+        while idle:
+            conn = idle.pop()
+            if not conn.closed and now - conn.idle_since < self._keepalive_s:
+                return conn
+            conn.close()
+        return None
+
+    async def _connect(self, key: _Key, connect_s: float) -> _Connection:
+        scheme, host, port = key
+        loop = asyncio.get_running_loop()
+        if scheme == "https" and self._tls is None:
+            self._tls = ssl.create_default_context()
+        try:
+            async with asyncio.timeout(connect_s):
+                transport, conn = await loop.create_connection(
+                    lambda: _Connection(key, loop), host, port,
+                    ssl=self._tls if scheme == "https" else None)
+        except TimeoutError:
+            raise UpstreamError("timeout", f"connect to {host}:{port} timed out") from None
+        except OSError as exc:
+            raise UpstreamError("connect", f"cannot connect: {exc}") from None
+        conn.transport = transport  # uvloop may call connection_made after returning
+        return conn
+
+    def _head(self, key: _Key, path: str) -> bytes:
+        """The request line and Host header, built once per engine and path."""
+        head = self._heads.get((key, path))
+        if head is None:
+            scheme, host, port = key
+            default = 443 if scheme == "https" else 80
+            authority = host if port == default else f"{host}:{port}"
+            if ":" in host and not host.startswith("["):
+                authority = f"[{host}]" if port == default else f"[{host}]:{port}"
+            head = f"POST {path} HTTP/1.1\r\nhost: {authority}\r\n".encode("latin-1")
+            self._heads[(key, path)] = head
+        return head
+
+
+async def _wait(future: asyncio.Future[None], read_s: float) -> None:
+    """The answer's headers, within ``read_s`` (the wait before the first byte)."""
+    loop = asyncio.get_running_loop()
+    handle = loop.call_later(read_s, _expire, future)
+    try:
+        await future
+    finally:
+        handle.cancel()
+
+
+def _expire(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_exception(UpstreamError("timeout", "upstream timed out"))
+
+
+def _header_lines(headers: Mapping[str, str], length: int) -> bytes:
+    lines = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+    return f"{lines}content-length: {length}\r\n\r\n".encode("latin-1")
+
+
+_PARSED: dict[str, tuple[_Key, str]] = {}
+
+
+def _parse(url: str) -> tuple[_Key, str]:
+    found = _PARSED.get(url)
+    if found is None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise UpstreamError("connect", f"not an http(s) URL: {url!r}")
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        found = (parts.scheme, parts.hostname, port), path
+        if len(_PARSED) < 4096:
+            _PARSED[url] = found
+    return found
