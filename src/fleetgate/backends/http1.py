@@ -9,7 +9,9 @@ bodies), body pieces handed on as they arrive, and the connection kept for the n
 to the same engine when the answer was read to its end.
 
 - **Pool**: idle connections per (scheme, host, port), newest first, at most
-  ``max_idle_per_host``; one idle past ``keepalive_s`` is closed instead of reused. A
+  ``max_idle_per_host``; one idle past ``keepalive_s`` is closed instead of reused. There
+  is no cap on connections in use: how many requests an engine gets at once is the
+  router's and admission's business. A
   request that fails on a reused connection before any byte of its answer (the engine
   closed it while idle) is sent again once on a new connection: the engine never saw it.
 - **Timeouts**: ``connect`` for the TCP (and TLS) connect, ``read`` for the wait before the
@@ -63,6 +65,9 @@ class _Connection(asyncio.Protocol):
         self.paused = False
         self.idle_since = 0.0
         self.closed = False
+        self.read_s = 0.0
+        self.last_data = 0.0
+        self.watchdog: asyncio.TimerHandle | None = None
         self._header_name = b""
 
     # -- asyncio.Protocol ----------------------------------------------------------------
@@ -71,6 +76,7 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.got_bytes = True
+        self.last_data = self.loop.time()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -108,34 +114,60 @@ class _Connection(asyncio.Protocol):
         self._wake()
 
     # -- the exchange --------------------------------------------------------------------
-    def start(self, request: bytes) -> asyncio.Future[None]:
+    def start(self, request: bytes, read_s: float) -> asyncio.Future[None]:
         """Send one request; the future resolves when the answer's headers are in."""
         self.status, self.content_type, self.complete = 0, "application/json", False
         self.pieces.clear()
         self.buffered, self.got_bytes, self.failure = 0, False, None
         self.headers_done = self.loop.create_future()
+        self.read_s, self.last_data = read_s, self.loop.time()
+        self.watchdog = self.loop.call_later(read_s, self._watch)
         assert self.transport is not None
         self.transport.write(request)
         return self.headers_done
 
-    async def next_piece(self, read_s: float) -> bytes | None:
-        """The next body piece, or None at the end of the answer."""
+    def _watch(self) -> None:
+        """The read timeout, one timer per request (not one per body piece): the engine has
+        sent nothing for ``read_s`` while the gateway was waiting for it."""
+        self.watchdog = None
+        if self.complete or self.failure is not None or self.closed:
+            return
+        if self.paused or self.pieces:  # the gateway is behind, not the engine: look later
+            self.watchdog = self.loop.call_later(self.read_s, self._watch)
+            return
+        due = self.last_data + self.read_s
+        if self.loop.time() >= due:
+            self._timed_out()
+            return
+        self.watchdog = self.loop.call_at(due, self._watch)
+
+    def stop_watch(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.cancel()
+            self.watchdog = None
+
+    async def next_piece(self) -> bytes | None:
+        """The body that arrived since the last call (waiting for some), or None at the end
+        of the answer."""
         while not self.pieces:
             if self.failure is not None:
                 raise self.failure
             if self.complete:
                 return None
             self.waiter = self.loop.create_future()
-            handle = self.loop.call_later(read_s, self._timed_out)
             try:
                 await self.waiter
             finally:
-                handle.cancel()
                 self.waiter = None
-        piece = self.pieces.popleft()
+        if len(self.pieces) == 1:
+            piece = self.pieces.popleft()
+        else:  # all that arrived meanwhile, as one piece: one frame batch, one client write
+            piece = b"".join(self.pieces)
+            self.pieces.clear()
         self.buffered -= len(piece)
         if self.paused and self.buffered <= HIGH_WATER // 4 and self.transport is not None:
             self.paused = False
+            self.last_data = self.loop.time()  # the engine was held back, not silent
             self.transport.resume_reading()
         return piece
 
@@ -164,12 +196,11 @@ class _Response:
     """``UpstreamResponse`` over one connection; gives it back to the pool when read to its
     end, closes it otherwise."""
 
-    __slots__ = ("_backend", "_conn", "_deadline", "_done", "_read_s", "content_type",
-                 "status")
+    __slots__ = ("_backend", "_conn", "_deadline", "_done", "content_type", "status")
 
-    def __init__(self, backend: Http1Backend, conn: _Connection, read_s: float,
+    def __init__(self, backend: Http1Backend, conn: _Connection,
                  deadline: asyncio.TimerHandle) -> None:
-        self._backend, self._conn, self._read_s, self._deadline = backend, conn, read_s, deadline
+        self._backend, self._conn, self._deadline = backend, conn, deadline
         self._done = False
         self.status = conn.status
         self.content_type = conn.content_type
@@ -177,7 +208,7 @@ class _Response:
     async def read(self) -> bytes:
         parts = []
         try:
-            while (piece := await self._conn.next_piece(self._read_s)) is not None:
+            while (piece := await self._conn.next_piece()) is not None:
                 parts.append(piece)
         finally:
             self.close()
@@ -186,7 +217,7 @@ class _Response:
     async def chunks(self) -> AsyncIterator[bytes]:
         if self._done:
             return
-        while (piece := await self._conn.next_piece(self._read_s)) is not None:
+        while (piece := await self._conn.next_piece()) is not None:
             yield piece
 
     def close(self) -> None:
@@ -195,6 +226,7 @@ class _Response:
         self._done = True
         conn = self._conn
         self._deadline.cancel()
+        conn.stop_watch()
         if conn.complete and conn.failure is None and conn.keep_alive and not conn.closed:
             self._backend.release(conn)
         elif not conn.closed:
@@ -224,25 +256,29 @@ class Http1Backend:
                 conn = await self._connect(key, timeouts.connect)
             deadline = loop.call_later(timeouts.total, conn._timed_out)
             try:
-                await _wait(conn.start(request), timeouts.read)
+                await conn.start(request, timeouts.read)
             except UpstreamError:
                 deadline.cancel()
+                conn.stop_watch()
                 conn.close()
                 if reused and not conn.got_bytes:
                     continue  # the engine closed it while idle and never saw this request
                 raise
             except BaseException:
                 deadline.cancel()
+                conn.stop_watch()
                 conn.close()
                 raise
-            return _Response(self, conn, timeouts.read, deadline)
+            return _Response(self, conn, deadline)
         raise AssertionError("unreachable")
 
     def release(self, conn: _Connection) -> None:
         idle = self._idle.setdefault(conn.key, [])
         if len(idle) >= self._max_idle:
-            conn.close()
-            return
+            idle[:] = [c for c in idle if not c.closed]  # those the engine closed meanwhile
+            if len(idle) >= self._max_idle:
+                conn.close()
+                return
         conn.idle_since = time.monotonic()
         idle.append(conn)
 
@@ -291,21 +327,6 @@ class Http1Backend:
             head = f"POST {path} HTTP/1.1\r\nhost: {authority}\r\n".encode("latin-1")
             self._heads[(key, path)] = head
         return head
-
-
-async def _wait(future: asyncio.Future[None], read_s: float) -> None:
-    """The answer's headers, within ``read_s`` (the wait before the first byte)."""
-    loop = asyncio.get_running_loop()
-    handle = loop.call_later(read_s, _expire, future)
-    try:
-        await future
-    finally:
-        handle.cancel()
-
-
-def _expire(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_exception(UpstreamError("timeout", "upstream timed out"))
 
 
 def _header_lines(headers: Mapping[str, str], length: int) -> bytes:
