@@ -104,16 +104,17 @@ def create_app(settings: Settings, overrides: Overrides | None = None) -> FastAP
             yield
 
     app = GatewayApp(title="fleetgate", version=__version__, lifespan=lifespan,
-                  description="OpenAI-compatible inference gateway for mixed AMD + NVIDIA "
-                              "GPU fleets: routes by live latency, queue depth and $/GPU-hour.",
-                  docs_url="/docs", redoc_url=None, openapi_url="/openapi.json",
-                  middleware=[Middleware(AdminGate)], redirect_slashes=False,
-                  exception_handlers={
-                      GatewayError: _gateway_error,
-                      RequestValidationError: _invalid_request,
-                      HTTPException: _http_error,
-                      Exception: _unexpected_error,
-                  })
+                     description="OpenAI-compatible inference gateway for mixed AMD + NVIDIA "
+                                 "GPU fleets: routes by live latency, queue depth and "
+                                 "$/GPU-hour.",
+                     docs_url="/docs", redoc_url=None, openapi_url="/openapi.json",
+                     middleware=[Middleware(AdminGate)], redirect_slashes=False,
+                     exception_handlers={
+                         GatewayError: _gateway_error,
+                         RequestValidationError: _invalid_request,
+                         HTTPException: _http_error,
+                         Exception: _unexpected_error,
+                     })
     app.router.routes.extend(openai.routes)
     for router in (health.router, admin.router, workers.router, telemetry_routes.router,
                    dashboard_router):

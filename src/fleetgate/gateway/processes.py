@@ -46,6 +46,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fleetgate.config import default_config_path, load_config
 from fleetgate.gateway.server import SHUTDOWN_GRACE_S
@@ -53,6 +54,9 @@ from fleetgate.gateway.settings import Settings
 from fleetgate.state.fleet import fleet_endpoints, launch_emulators, revive_emulators
 from fleetgate.state.store.local import LocalStoreServer
 from fleetgate.state.store.memory import MemoryLimits, MemorySharedState
+
+if TYPE_CHECKING:
+    from fleetgate.emulator import EmulatorHandle
 
 log = logging.getLogger("fleetgate")
 
@@ -91,8 +95,9 @@ class _Supervisor:
         metrics_dir.mkdir()
         env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
         store: LocalStoreServer | None = None
-        emulators = await launch_emulators(endpoints)
+        emulators: dict[str, EmulatorHandle] = {}
         try:
+            emulators = await launch_emulators(endpoints)
             env["FLEETGATE_SHARED_EMULATORS"] = json.dumps(
                 {key: handle.url for key, handle in emulators.items()})
             if self.settings.redis_url is None:
@@ -136,6 +141,7 @@ class _Supervisor:
                 log.warning("worker %d (pid %d) exited with code %s; restarting", k, proc.pid,
                             proc.returncode)
                 _forget_metrics_of(proc.pid, env["PROMETHEUS_MULTIPROC_DIR"])
+                self.workers[k] = None
             if now - self.started_at[k] < RESTART_EVERY_S:
                 continue
             self.started_at[k] = now
