@@ -69,7 +69,8 @@ def serve(
     server = GatewayServer(server_config(gateway, settings.host, settings.port,
                                          settings.log_level, settings.header_timeout_s,
                                          settings.shutdown_timeout_s),
-                           gateway.state.stop_streams, settings.shutdown_timeout_s)
+                           gateway.state.stop_streams, settings.shutdown_timeout_s,
+                           freeze_gc=True)
     if not settings.reuse_port:
         server.run()
     else:  # a worker of ``serve --workers``: the kernel spreads connections over the workers

@@ -22,7 +22,9 @@ May touch: uvicorn, asyncio. Must not touch: the request path.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
+import socket
 from typing import Any
 
 import orjson
@@ -93,13 +95,24 @@ def guarded_httptools(header_timeout_s: float) -> type[HttpToolsProtocol]:
 
 
 class GatewayServer(uvicorn.Server):
-    """uvicorn's server with a shutdown deadline for streams (module doc)."""
+    """uvicorn's server with a shutdown deadline for streams (module doc); with
+    ``freeze_gc``, once started, what start-up built is moved out of the garbage collector's
+    reach (``gc.freeze``): full collections otherwise walk every object the app, numpy,
+    numba and the routing tables made, a pause of ~100 ms every few thousand requests that
+    was the gateway's p99 under load (BENCHMARKS.md). Off in-process (tests build many apps)."""
 
     def __init__(self, config: uvicorn.Config, stop_streams: asyncio.Event,
-                 shutdown_timeout_s: float) -> None:
+                 shutdown_timeout_s: float, freeze_gc: bool = False) -> None:
         super().__init__(config)
         self.stop_streams = stop_streams
         self.shutdown_timeout_s = shutdown_timeout_s
+        self.freeze_gc = freeze_gc
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.freeze_gc and not self.should_exit:
+            gc.collect()
+            gc.freeze()
 
     async def _wait_tasks_to_complete(self) -> None:
         waiting = asyncio.ensure_future(super()._wait_tasks_to_complete())
