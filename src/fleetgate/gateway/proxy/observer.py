@@ -94,13 +94,22 @@ NOOP = NoopObserver()
 
 
 class CompositeObserver:
-    """Fans each event out to several observers (telemetry, limits, ...)."""
+    """Fans each event out to several observers (telemetry, limits, ...). An observer with
+    nothing to watch in a request answers ``NOOP_REQUEST`` (or ``NOOP_ATTEMPT``) and is
+    left out of it; where one remains, its events go to it directly, with no fan."""
 
     def __init__(self, *observers: Observer) -> None:
         self._observers = observers
 
     def request(self, req: ProxyRequest) -> RequestObserver:
-        return _FanRequest([o.request(req) for o in self._observers])
+        return _fan([o.request(req) for o in self._observers], NOOP_REQUEST, _FanRequest)
+
+
+def _fan(children: list[Any], noop: Any, fan: Any) -> Any:
+    live = [c for c in children if c is not noop]
+    if len(live) > 1:
+        return fan(live)
+    return live[0] if live else noop
 
 
 class _FanRequest:
@@ -112,7 +121,8 @@ class _FanRequest:
             c.routed(decision)
 
     def attempt(self, endpoint: Endpoint, served_model: str, number: int) -> AttemptObserver:
-        return _FanAttempt([c.attempt(endpoint, served_model, number) for c in self._children])
+        return _fan([c.attempt(endpoint, served_model, number) for c in self._children],
+                    NOOP_ATTEMPT, _FanAttempt)
 
     def end(self, status: int, error: str | None = None) -> None:
         for c in self._children:
