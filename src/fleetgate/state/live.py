@@ -382,20 +382,21 @@ class LiveFleet:
         1 / WORKLOAD_ALPHA values, so the first request does not stand for the workload."""
         self._seen[name] += 1
         row = self._live[_ROW[name]]
-        old = 0.0 if np.isnan(row[0]) else row[0]
-        row[:] = old + max(WORKLOAD_ALPHA, 1 / self._seen[name]) * (value - old)
+        old = float(row[0])
+        old = 0.0 if old != old else old  # NaN: none yet (a float compare: no numpy call)
+        row.fill(old + max(WORKLOAD_ALPHA, 1 / self._seen[name]) * (value - old))
 
     def _workload_low_quantile(self, name: str, value: float, q: float = 0.02) -> None:
         """A running ``q``-quantile (stochastic approximation, steps relative to the value):
         down by QUANTILE_STEP when a value falls below it, up by q/(1-q) of that otherwise,
         so it rests where a share q of the values lies below."""
         row = self._live[_ROW[name]]
-        old = row[0]
-        if np.isnan(old):
-            row[:] = value
+        old = float(row[0])
+        if old != old:  # NaN: the first value
+            row.fill(value)
             return
         step = QUANTILE_STEP * old
-        row[:] = max(1.0, old - step if value < old else old + step * q / (1 - q))
+        row.fill(max(1.0, old - step if value < old else old + step * q / (1 - q)))
 
     def _decay_prefill(self, i: int, now: float) -> None:
         st = self.stats[i]
@@ -419,8 +420,8 @@ class LiveFleet:
 
     def _ewma(self, name: str, i: int, value: float) -> None:
         row = _ROW[name]
-        old = self._live[row, i]
-        self._live[row, i] = value if np.isnan(old) else old + ALPHA * (value - old)
+        old = float(self._live[row, i])
+        self._live[row, i] = value if old != old else old + ALPHA * (value - old)
 
     def describe(self, i: int, now: float) -> dict[str, Any]:
         """Everything known about one endpoint, for /admin/endpoints."""
