@@ -19,7 +19,9 @@ LABELS = {
     "direct": "direct (no proxy)",
     "sglang-router": "sglang-router {v} (Rust)",
     "naive": "naive FastAPI + aiohttp pass-through, ~40 lines",
+    "naive-granian": "naive pass-through on granian {v}",
     "fleetgate": "fleetgate, cost policy",
+    "fleetgate-granian": "fleetgate, cost policy, on granian {v}",
     "fleetgate-traced": "fleetgate, cost policy, tracing 100 %",
     "litellm": "LiteLLM proxy {v}",
 }
@@ -85,7 +87,8 @@ def fmt_x(x: float) -> str:
 
 def label(name: str, versions: dict[str, dict[str, str]]) -> str:
     v = versions.get(name, {})
-    text = LABELS[name].format(v=v.get("sglang-router") or v.get("litellm") or "")
+    named = v.get("sglang-router") or v.get("litellm") or v.get("granian") or ""
+    text = LABELS[name].format(v=named)
     return " ".join(text.split())
 
 

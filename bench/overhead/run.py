@@ -85,6 +85,7 @@ import relay_overhead as ro  # noqa: E402  (bench/ scripts are not a package)
 import tracing_overhead as to  # noqa: E402
 from report import Cell, best, headline, ratio_lines, report  # noqa: E402
 from systems import (  # noqa: E402
+    EXTRA,
     LITELLM_SPEC,
     LOAD_CPU,
     MODEL,
@@ -236,7 +237,8 @@ async def measure(targets: list[Server], mock: Server, everyone: list[Server],
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
     parser.add_argument("--systems", default=",".join(SYSTEMS),
-                        help=f"comma list out of {', '.join(SYSTEMS)} (direct always runs)")
+                        help=f"comma list out of {', '.join(SYSTEMS + EXTRA)} (direct always "
+                             "runs; the default is all but the granian ones)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--window-s", type=float, default=None,
                         help="measured seconds a cell (default 3, --quick 1.5)")
@@ -256,10 +258,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.concurrency = [int(c) for c in (args.concurrency or ("1,32" if args.quick
                                                                else "1,32,128")).split(",")]
     names = [s.strip() for s in args.systems.split(",") if s.strip() and s.strip() != "direct"]
-    unknown = set(names) - set(SYSTEMS)
+    unknown = set(names) - set(SYSTEMS + EXTRA)
     if unknown:
         parser.error(f"unknown systems: {', '.join(sorted(unknown))}")
-    args.names = [s for s in SYSTEMS if s in names]
+    args.names = [s for s in (*SYSTEMS[:3], *EXTRA, *SYSTEMS[3:]) if s in names]
     return args
 
 

@@ -37,6 +37,10 @@ TOKENS = 16
 SGLANG_SPEC = "sglang-router==0.3.2"
 LITELLM_SPEC = "litellm[proxy]==1.108.5"
 SYSTEMS = ("sglang-router", "naive", "fleetgate", "fleetgate-traced", "litellm")
+EXTRA = ("naive-granian", "fleetgate-granian")  # on request: the same apps served by granian
+GRANIAN = ["--interface", "asgi", "--loop", "uvloop", "--workers", "1", "--runtime-threads",
+           "1", "--runtime-mode", "st", "--no-access-log", "--log-level", "warning",
+           "--host", "127.0.0.1"]
 MODEL = {"direct": SERVED, "naive": SERVED, "sglang-router": SERVED}  # others: PUBLIC
 
 
@@ -218,7 +222,8 @@ def launch(name: str, mock: str, port: int, tmp: Path, args: argparse.Namespace,
            receiver: str | None) -> Launch:
     env = base_env()
     here = {d: importlib.metadata.version(d) for d in
-            ("uvicorn", "starlette", "fastapi", "aiohttp", "uvloop", "httptools", "orjson")
+            ("uvicorn", "starlette", "fastapi", "aiohttp", "uvloop", "httptools", "orjson",
+             "granian")
             if _has_dist(d)}
     if name in ("fleetgate", "fleetgate-traced"):
         config = tmp / f"{name}.yaml"
@@ -235,6 +240,20 @@ def launch(name: str, mock: str, port: int, tmp: Path, args: argparse.Namespace,
                     **here}
         return Launch([*cmd, "serve", "--config", str(config), "--port", str(port)], env,
                       versions=versions)
+    if name == "fleetgate-granian":
+        config = tmp / f"{name}.yaml"
+        config.write_text(ro.gateway_config(mock, "cost"))
+        env["FG_CONFIG"] = str(config)
+        if args.quiet_logs:
+            env["FLEETGATE_REQUEST_LOG"] = "off"
+        cmd = [str(Path(sys.executable).parent / "granian"), *GRANIAN, "--port", str(port),
+               "--working-dir", str(HERE), "granian_app:app"]
+        return Launch(cmd, env, versions=here)
+    if name == "naive-granian":
+        env["NAIVE_UPSTREAM"] = mock
+        cmd = [str(Path(sys.executable).parent / "granian"), *GRANIAN, "--port", str(port),
+               "--working-dir", str(HERE), "naive:app"]
+        return Launch(cmd, env, versions=here)
     if name == "naive":
         env["NAIVE_UPSTREAM"] = mock
         cmd = [sys.executable, "-m", "uvicorn", "naive:app", "--app-dir", str(HERE),
