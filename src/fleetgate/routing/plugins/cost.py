@@ -28,4 +28,4 @@ PACK = 0.01
 
 def cost(inp: ScoringInput, _: object) -> FloatArray:
     score = normalise_min_over(inp.est.usd_per_mtok, inp.mask)
-    return score * (1.0 + PACK * np.clip(inp.est.load, 0.0, 1.0))
+    return score * (1.0 + PACK * np.minimum(np.maximum(inp.est.load, 0.0), 1.0))  # np.clip costs 2x
