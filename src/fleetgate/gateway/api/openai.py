@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
 
 import orjson
 from starlette.requests import Request
@@ -23,6 +22,7 @@ from starlette.routing import Route
 
 from fleetgate.gateway.api.parse import (
     decode_json,
+    header_map,
     read_body,
     request_id_of,
     routing_request,
@@ -40,12 +40,14 @@ SHUTDOWN_FRAMES = {name: api.error_frame(503, "the gateway is shutting down; ret
 
 async def proxy(request: Request, api: Api) -> Response:
     state: AppState = request.app.state.fleetgate
-    request_id = request_id_of(request.headers.get("x-request-id"))
+    headers = header_map(request.scope["headers"])
+    request_id = request_id_of(headers.get("x-request-id"))
     request.state.request_id = request_id
-    principal = state.keys.authenticate(request.headers)
+    principal = state.keys.authenticate(headers)
     body = decode_json(await read_body(request, state.settings.max_body_bytes,
-                                       state.settings.body_timeout_s))
-    routing = replace(routing_request(api.name, body, request), tenant=principal.tenant)
+                                       state.settings.body_timeout_s,
+                                       headers.get("content-length")))
+    routing = routing_request(api.name, body, headers, principal.tenant)
     if routing.policy is not None and routing.policy not in state.config.policies:
         raise BadRequest(f"unknown policy {routing.policy!r} in x-fleetgate-policy; known: "
                          f"{', '.join(state.config.policies)}", param="x-fleetgate-policy")
@@ -60,9 +62,9 @@ async def proxy(request: Request, api: Api) -> Response:
                          code="unsupported_api")
     principal.check_model(routing.model)
     prepared = ProxyRequest(api, routing, body, request_id, wants_usage(body),
-                            request.headers.get("traceparent"),
+                            headers.get("traceparent"),
                             await state.limits.admit(principal),
-                            principal.priority_for(request.headers.get("x-priority")),
+                            principal.priority_for(headers.get("x-priority")),
                             principal.weight)
     watch = ClientWatch(request.receive)  # the body is read: the next receive is a disconnect
     try:

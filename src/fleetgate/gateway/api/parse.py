@@ -25,8 +25,8 @@ May touch: starlette Request, orjson, gateway errors. Must not touch: backends.
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import orjson
@@ -40,10 +40,18 @@ from fleetgate.routing.plugins.prefix_cache import chunk_hashes
 ROUTING_HEADERS = ("x-priority", "x-fleetgate-session", "x-session-id")
 
 
-async def read_body(request: Request, limit: int, timeout_s: float | None = None) -> bytes:
+def header_map(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
+    """An ASGI scope's headers by name (lower case, as ASGI servers give them), the first of
+    a repeated one winning as in Starlette's ``Headers.get``: one pass over the headers
+    instead of a scan per lookup."""
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in reversed(list(raw))}
+
+
+async def read_body(request: Request, limit: int, timeout_s: float | None = None,
+                    declared: str | None = None) -> bytes:
     """The whole body, at most ``limit`` bytes (413), within ``timeout_s`` (408: a body
-    that never finishes holds no connection and no handler for ever)."""
-    declared = request.headers.get("content-length")
+    that never finishes holds no connection and no handler for ever); ``declared``: the
+    request's ``content-length``."""
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"request body of {declared} bytes exceeds the {limit}-byte limit")
     chunks: list[bytes] = []
@@ -106,10 +114,11 @@ def request_id_of(given: str | None) -> str:
     A longer or non-ASCII id would be echoed unbounded or garbled upstream."""
     if given and len(given) <= REQUEST_ID_MAX and _REQUEST_ID_CHARS.issuperset(given):
         return given
-    return uuid.uuid4().hex
+    return os.urandom(16).hex()  # as random as uuid4().hex, without building a UUID
 
 
-def routing_request(api: str, body: dict[str, Any], request: Request) -> RoutingRequest:
+def routing_request(api: str, body: dict[str, Any], headers: Mapping[str, str],
+                    tenant: str | None = None) -> RoutingRequest:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequest("'model' is required and must be a non-empty string", param="model")
@@ -133,9 +142,10 @@ def routing_request(api: str, body: dict[str, Any], request: Request) -> Routing
         stream=stream,
         max_tokens=1 if api == "embeddings" else max_tokens,
         prompt_chars=PROMPT_SIZE[api](body),
-        headers={h: v for h in ROUTING_HEADERS if (v := request.headers.get(h)) is not None},
+        headers={h: v for h in ROUTING_HEADERS if (v := headers.get(h)) is not None},
         user=user,
-        policy=request.headers.get("x-fleetgate-policy"),
+        tenant=tenant,
+        policy=headers.get("x-fleetgate-policy"),
         prefix_hashes=chunk_hashes(PROMPT_TEXT[api](body)) if api in PROMPT_TEXT else (),
     )
 
