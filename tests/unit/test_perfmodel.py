@@ -14,6 +14,7 @@ from fleetgate.catalog.gpus import GB, GPUS, GpuSpec
 from fleetgate.catalog.models import MODEL_PROFILES, profile_for_served_name
 from fleetgate.catalog.roofline import (
     StepLoad,
+    efficiency_scale,
     kv_capacity_tokens,
     prior_decode_tokens_per_s,
     step_seconds,
@@ -275,3 +276,38 @@ def test_config_picks_or_checks_tensor_parallel() -> None:
         EmulatorConfig(**base | {"tp": 1})
     with pytest.raises(ValueError):
         EmulatorConfig(**base | {"gpu": "tpu"})
+
+
+# -- efficiency per (GPU, stack, model size, step size) -----------------------------------------
+@pytest.mark.parametrize("stack", ["stock", "tuned"])
+@pytest.mark.parametrize("gpu", sorted(GPUS))
+def test_small_models_never_run_more_efficiently_than_large_ones(gpu: str, stack: str) -> None:
+    scales = [efficiency_scale(GPUS[gpu], dataclasses.replace(P8B, active_params=p), stack)
+              for p in (1e9, 8e9, 30e9, 70e9, 400e9)]
+    assert scales == sorted(scales) and scales[0] > 0 and scales[-2] == scales[-1] == 1.0
+
+
+@pytest.mark.parametrize("stack", ["stock", "tuned"])
+@pytest.mark.parametrize("gpu", sorted(GPUS))
+def test_a_small_decode_batch_stays_memory_bound(gpu: str, stack: str) -> None:
+    """GEMM_HALF_TOKENS only makes medium steps costlier: at batch 16 with no context the
+    step is the weights over bandwidth, whatever the model."""
+    g = GPUS[gpu]
+    for profile in (P8B, P70B):
+        scale = efficiency_scale(g, profile, stack)
+        t_mem = profile.weight_bytes / (scale * g.eta_bw.get(stack) * g.hbm_tb_s * 1e12)
+        overhead = g.step_overhead_ms.get(stack) * 1e-3
+        step = step_seconds(g, profile, StepLoad(16, 0.0, 0.0), 1, stack)
+        assert step == pytest.approx(t_mem + overhead)
+
+
+def test_same_software_orderings_on_paper() -> None:
+    """gpus.md "Same software, different GPU": stock H200 beats stock MI300X on one 70B
+    stream and by more on 8B; MI300X's wins at high concurrency come from its KV room."""
+    h200, mi300x = GPUS["h200"], GPUS["mi300x"]
+    one = StepLoad(1, 1000, 1000)
+    big = StepLoad(256, 256 * 1500, 256 * 1500)
+    ratio_70b = step_seconds(mi300x, P70B, one) / step_seconds(h200, P70B, one)
+    ratio_8b = step_seconds(mi300x, P8B, big) / step_seconds(h200, P8B, big)
+    assert 1.05 < ratio_70b < ratio_8b
+    assert kv_capacity_tokens(mi300x, P70B) > 1.8 * kv_capacity_tokens(h200, P70B)

@@ -3,7 +3,8 @@
 Facts from gpus.md (docs/gpus.md): HBM size and bandwidth,
 dense peak FLOPS per precision, a default $/GPU-hour (demos and priors only; the gateway
 takes real prices from its config), and per software stack ("stock" upstream release vs
-"tuned") the bandwidth and compute efficiencies and the per-step overhead the roofline model
+"tuned") the bandwidth and compute efficiencies, the per-step overhead and the model-size
+curve (``size_half_params``) the roofline model
 (``roofline.py``) uses. Adding a GPU is one row in ``GPUS``; the config schema, the
 emulator, the simulator and the cost prior all read it from here.
 
@@ -55,7 +56,9 @@ class GpuSpec:
     step_overhead_ms: PerStack
     link_gb_s: float  # per-GPU, per-direction scale-up link bandwidth (NVLink / Infinity Fabric)
     allreduce_latency_us: float  # alpha: fixed cost of one small all-reduce [E]
-    small_model_efficiency: PerStack = PerStack(1.0, 1.0)  # x eta below 20B active params [E]
+    # P_half: active parameters at which the stack's kernels reach half their efficiency on
+    # ever larger models (0 = no model-size loss); roofline.efficiency_scale [E]
+    size_half_params: PerStack = PerStack(0.0, 0.0)
 
     def peak_flops(self, bytes_per_weight: float) -> float:
         """Dense FLOP/s for the compute precision that matches the weights."""
@@ -80,7 +83,7 @@ def _gpu(
     ovh: tuple[float, float],
     link: float,
     alpha: float,
-    small: tuple[float, float] = (1.0, 1.0),
+    size_half: tuple[float, float] = (0.0, 0.0),
 ) -> GpuSpec:
     return GpuSpec(
         name=name,
@@ -97,16 +100,19 @@ def _gpu(
         step_overhead_ms=PerStack(*ovh),
         link_gb_s=link,
         allreduce_latency_us=alpha,
-        small_model_efficiency=PerStack(*small),
+        size_half_params=PerStack(*size_half),
     )
 
 
 # gpus.md §6, one row per GPU: name, vendor, HBM GB, TB/s, BF16 / FP8 / FP4 dense TFLOPS,
-# mid $/GPU-hr, eta_bw, eta_fl and step overhead ms as (stock, tuned), link GB/s per
-# direction (NVLink4 450, NVLink5 900, MI300X/MI325X 7 x 64 GB/s Infinity Fabric, MI355X
-# 7 x 76.8), all-reduce alpha us, and the small-model efficiency multiplier (stock, tuned):
-# stock ROCm stacks lose much more on small dense models than on 70B (gpus.md: H200 beats
-# MI300X by 1.40-2.06x on Llama-8B at c=256 with the same vLLM, but not on 70B) [E].
+# mid $/GPU-hr, eta_bw, eta_fl (large-GEMM efficiency, roofline.GEMM_HALF_TOKENS) and step
+# overhead ms as (stock, tuned), link GB/s per direction (NVLink4 450, NVLink5 900,
+# MI300X/MI325X 7 x 64 GB/s Infinity Fabric, MI355X 7 x 76.8), all-reduce alpha us, and
+# P_half (stock, tuned), the model-size curve (roofline.efficiency_scale). Calibrated in
+# bench/results/calibration.md [E]: NVIDIA eta on NIM's curve and MLPerf; AMD eta_fl on
+# MLPerf (MI300X at 750 W sustains lower clocks than MI325X at 1,000 W); stock ROCm's
+# larger per-step overhead and P_half on the same-vLLM H200 vs MI300X comparison (single
+# stream 1.12x, 8B at c=256 1.40-2.06x to H200). MI355X: not calibrated, MI325X-like.
 # fmt: off
 GPUS: dict[str, GpuSpec] = {
     g.name: g
@@ -118,11 +124,11 @@ GPUS: dict[str, GpuSpec] = {
         _gpu("b200", "nvidia", 180, 7.7, 2250, 4500, 9000, 6.00,
              (0.48, 0.65), (0.35, 0.55), (2.0, 0.7), 900, 6),
         _gpu("mi300x", "amd", 192, 5.3, 1307.4, 2614.9, None, 2.00,
-             (0.42, 0.60), (0.30, 0.45), (3.0, 1.0), 448, 12, small=(0.70, 0.85)),
+             (0.47, 0.60), (0.28, 0.30), (5.5, 1.0), 448, 12, size_half=(5e9, 1.6e9)),
         _gpu("mi325x", "amd", 256, 6.0, 1307.4, 2614.9, None, 2.25,
-             (0.42, 0.60), (0.30, 0.45), (3.0, 1.0), 448, 12, small=(0.70, 0.85)),
+             (0.47, 0.60), (0.30, 0.38), (5.5, 1.0), 448, 12, size_half=(5e9, 1.6e9)),
         _gpu("mi355x", "amd", 288, 8.0, 2516.6, 5033.2, 10066, 3.00,
-             (0.40, 0.60), (0.28, 0.45), (3.0, 1.0), 537, 10, small=(0.70, 0.85)),
+             (0.45, 0.60), (0.26, 0.38), (5.5, 1.0), 537, 10, size_half=(5e9, 1.6e9)),
     )
 }
 # fmt: on

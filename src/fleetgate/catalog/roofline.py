@@ -4,15 +4,24 @@ For a replica of tensor-parallel degree TP running a step that processes ``T`` t
 (decodes + prefill-chunk tokens), reads ``R`` KV-cache tokens and attends over ``A``
 (query, key) pairs (gpus.md §4.1):
 
-    t_mem  = (W/TP + kv·R/TP) / (η_bw·BW)
-    t_cmp  = (2·P_act·T + 4·L·d_model·A) / (TP·η_fl·F)
+    t_mem  = (W/TP + kv·R/TP) / (s·η_bw·BW)
+    t_cmp  = (2·P_act·(T + T_half) + 4·L·d_model·A) / (TP·s·η_fl·F)
     t_comm = 2·L·(alpha + 2·(TP-1)/TP · T·d_model·2 B / BW_link)        (0 when TP = 1)
     t_step = max(t_mem, t_cmp) + t_comm + t_ovh
 
 W = weight bytes, kv = KV bytes per token, F = dense peak FLOPS of the weights' precision,
-η and t_ovh per software stack (``gpus.py``), both η scaled by the GPU's small-model factor
-for models under 20B active parameters. KV capacity:
-``K_max = (HBM·gpu_memory_utilization - W/TP - workspace)·TP / kv``.
+η and t_ovh per (GPU, software stack) (``gpus.py``). Efficiency is a function of (GPU,
+stack, model size, step size), gpus.md §4.1:
+
+* step size: a step's GEMMs over T tokens run at T/(T + T_half) of the large-GEMM
+  efficiency η_fl (small GEMMs fill few tiles), which is the same as paying T_half tokens
+  of extra work: t_cmp stays linear and increasing in T. T_half = 64 is well below every
+  GPU's ridge point (~120-300 tokens), so a small decode batch stays memory-bound.
+* model size: s = min(1, g(P_act)/g(70e9)) with g(P) = P/(P + P_half(GPU, stack)), the
+  efficiency relative to a 70B-class model (the calibration anchor); P_half = 0 (NVIDIA
+  rows) means no loss on small models; stock ROCm loses most (small kernels, launches).
+
+KV capacity: ``K_max = (HBM·gpu_memory_utilization - W/TP - workspace)·TP / kv``.
 
 Used by the emulated engines, the simulator and the router's prior.
 
@@ -58,14 +67,20 @@ def min_tensor_parallel(
     raise ValueError(f"{profile.name} does not fit on 8 x {gpu.name}")
 
 
-SMALL_MODEL_ACTIVE_PARAMS = 20e9
+REFERENCE_ACTIVE_PARAMS = 70e9  # the size the catalog's eta are calibrated on (gpus.md)
+GEMM_HALF_TOKENS = 64  # T_half: tokens at which a step's GEMMs reach half of eta_fl [E]
 
 
 def efficiency_scale(gpu: GpuSpec, profile: ModelProfile, stack: str) -> float:
-    """Multiplier on eta_bw and eta_fl: the GPU's small-model factor below 20B active params."""
-    if profile.active_params < SMALL_MODEL_ACTIVE_PARAMS:
-        return gpu.small_model_efficiency.get(stack)
-    return 1.0
+    """Multiplier on eta_bw and eta_fl for the model's size: ``min(1, g(P)/g(70e9))`` with
+    ``g(P) = P/(P + P_half)``, P_half the (GPU, stack)'s ``size_half_params`` (0: 1.0)."""
+    active = profile.active_params
+    if active >= REFERENCE_ACTIVE_PARAMS:
+        return 1.0
+    half = gpu.size_half_params.get(stack)
+    if half <= 0:
+        return 1.0
+    return active * (REFERENCE_ACTIVE_PARAMS + half) / ((active + half) * REFERENCE_ACTIVE_PARAMS)
 
 
 @dataclass(frozen=True)
@@ -86,7 +101,7 @@ def step_seconds(
     flops = scale * gpu.eta_fl.get(stack) * gpu.peak_flops(profile.bytes_per_weight)
     bytes_moved = (profile.weight_bytes + profile.kv_bytes_per_token * load.kv_tokens_read) / tp
     t_mem = bytes_moved / bw
-    work = 2 * profile.active_params * load.tokens
+    work = 2 * profile.active_params * (load.tokens + GEMM_HALF_TOKENS)
     work += 4 * profile.layers * profile.d_model * load.attention_pairs
     t_cmp = work / (tp * flops)
     t_comm = 0.0
