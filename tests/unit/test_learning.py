@@ -7,7 +7,7 @@ import random
 
 import numpy as np
 import pytest
-from routing_fixtures import make_fleet, pipeline, request, serve
+from routing_fixtures import FLEET, make_fleet, pipeline, request, serve
 
 from fleetgate.routing.estimate import prior_tpot
 from fleetgate.state.learning import (
@@ -103,8 +103,10 @@ def test_bursts_keep_the_cheap_pool_usable_afterwards() -> None:
     requests (issue 12's scenario). Each stream's TPOT is what the prior says for a batch of
     48, more than was predicted at its dispatch (the batch grew under it): the old rule
     multiplied k by 1 + 0.2 * (ratio - 1) per completion, 96 times, to its cap; now k stays
-    near 1 and the light requests go back."""
-    live = make_fleet()
+    near 1 and the light requests go back. MI300X at its catalog's low price ($1.50): at
+    $1.99 its stock-ROCm 8B prior costs about what H200's does per token (the model-size
+    efficiency, docs/gpus.md), and "cheapest" would hang on a 1% margin."""
+    live = make_fleet([("mi300x-sglang", "mi300x", "amd", "sglang", 1.50), *FLEET[1:]])
     pipe = pipeline("cost", slo={"ttft_ms": 2000, "tpot_ms": 50})
     cheapest = pipe.route(request(), live.snapshot(0)).chosen
     assert cheapest is not None

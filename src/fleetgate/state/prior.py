@@ -5,11 +5,12 @@ memory-bound decode regime where serving lives (batch well below the compute rid
 
     decode step(B, C)  ~  step_base_s + step_per_ctx_token_s * B * C
     step_base_s        =  step_seconds(T=1, R=0)          (weights over bandwidth + overhead)
-    step_per_ctx_token_s = kv_bytes_per_token / (TP * eta_bw * BW)
+    step_per_ctx_token_s = kv_bytes_per_token / (TP * s * eta_bw * BW)
     prefill(n)         ~  step_base_s + prefill_s_per_token * n
-    prefill_s_per_token = 2 * P_active / (TP * eta_fl * F)
+    prefill_s_per_token = 2 * P_active / (TP * s * eta_fl * F)
 
-with B sequences of C context tokens each. The model's shape comes from the catalog
+with B sequences of C context tokens each, s the model-size efficiency of the (GPU, stack)
+(``roofline.efficiency_scale``). The model's shape comes from the catalog
 profile the served name names (``known_profile``); a name the catalog does not know gets
 ``UNKNOWN_MODEL_PROFILE`` (the largest catalog model's per-token costs, context unknown) and
 ``profile`` says so, for the one warning the fleet logs. The capacity part (KV tokens, batch
@@ -28,7 +29,12 @@ from dataclasses import dataclass, replace
 
 from fleetgate.catalog.gpus import GPUS
 from fleetgate.catalog.models import MODEL_PROFILES, UNKNOWN_MODEL_PROFILE, known_profile
-from fleetgate.catalog.roofline import StepLoad, kv_capacity_tokens, step_seconds
+from fleetgate.catalog.roofline import (
+    StepLoad,
+    efficiency_scale,
+    kv_capacity_tokens,
+    step_seconds,
+)
 
 MAX_NUM_SEQS = 256  # vLLM's default max_num_seqs; SGLang's is similar in practice
 # An engine that runs at all holds at least one sequence this long: the KV guess for an
@@ -63,8 +69,9 @@ def endpoint_prior(accelerator: str, served_model: str, tp: int = 1, stack: str 
     profile = (MODEL_PROFILES[profile_name] if profile_name in MODEL_PROFILES
                else known_profile(served_model) or UNKNOWN_MODEL_PROFILE)
     base = step_seconds(gpu, profile, StepLoad(1, 0.0, 0.0), tp, stack)
-    bandwidth = gpu.eta_bw.get(stack) * gpu.hbm_tb_s * 1e12
-    flops = gpu.eta_fl.get(stack) * gpu.peak_flops(profile.bytes_per_weight)
+    scale = efficiency_scale(gpu, profile, stack)
+    bandwidth = scale * gpu.eta_bw.get(stack) * gpu.hbm_tb_s * 1e12
+    flops = scale * gpu.eta_fl.get(stack) * gpu.peak_flops(profile.bytes_per_weight)
     return Prior(
         step_base_s=base * time_scale,
         step_per_ctx_token_s=profile.kv_bytes_per_token / (tp * bandwidth) * time_scale,
