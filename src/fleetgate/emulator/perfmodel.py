@@ -18,7 +18,8 @@ Scheduling follows vLLM v1 (SGLang is close enough at this level):
   guaranteed-no-evict; SGLang reserves a fraction through its ``new_token_ratio``);
 * when the decodes of the next step do not fit in the KV cache, the most recently admitted
   request is preempted (vLLM "recompute": its KV is freed, it goes back to the head of the
-  queue and re-prefills prompt + generated tokens when readmitted);
+  queue and re-prefills prompt + generated tokens when readmitted), and that step admits
+  no waiting request (vLLM v1's scheduler: ``if not preempted_reqs``);
 * the step that completes a prefill samples that request's next token, so TTFT = queueing +
   every step until the last prefill chunk; each later step adds one token (ITL = step time).
 
@@ -162,6 +163,7 @@ class EngineSim:
         self._linear: dict[int, tuple[float, float] | None] = {}  # batch -> decode step fit
         self.prefix_cache = PrefixCache()
         self._prompt_total = self._gen_total = self._preempted = 0
+        self._preempting = False  # plan_decode_run preempted: the next step admits nobody
         self._finished = self._aborted = self._steps = 0
         self.last_step_tokens = 0
 
@@ -247,7 +249,7 @@ class EngineSim:
         """
         if self._plan is not None or not self._running:
             return None
-        self._ensure_decode_room()
+        self._preempting = self._ensure_decode_room()  # the next step is planned with it
         if self._prefilling or not self._n_dec or self._admissible():
             return None
         steps = min(max_steps, self._next_finish() - self._epoch,
@@ -260,6 +262,8 @@ class EngineSim:
         """Apply the first ``steps`` steps of the planned decode run at once; returns only
         the tokens that finished a request."""
         self._plan = None
+        if steps > 0:  # the step that preempted has run: the next may admit again
+            self._preempting = False
         events: list[TokenEvent] = []
         batch = self._n_dec
         self._advance_decodes(steps, events)
@@ -302,12 +306,14 @@ class EngineSim:
 
     # -- internals -----------------------------------------------------------------------
     def _make_plan(self) -> _Plan | None:
-        self._ensure_decode_room()
+        preempted = self._ensure_decode_room() or self._preempting
+        self._preempting = False
         budget = self.scheduler.max_num_batched_tokens - self._n_dec
         plan = _Plan(duration=0.0, tokens=0, decodes=self._n_dec)
         kv_read = attention = float(self._kv_dec + self._n_dec * self._epoch)
         prefilling = list(self._prefilling.values())
-        for seq in prefilling + self._admit_while(budget, prefilling):
+        admitted = [] if preempted else self._admit_while(budget, prefilling)
+        for seq in prefilling + admitted:
             n = min(seq.prefill_left, budget)
             if n <= 0:
                 break
@@ -441,17 +447,21 @@ class EngineSim:
         del self._seqs[seq.request_id]
         self._finished += 1
 
-    def _ensure_decode_room(self) -> None:
-        """Preempt (LIFO) until every decoding request can append one KV token."""
+    def _ensure_decode_room(self) -> bool:
+        """Preempt (LIFO) until every decoding request can append one KV token; whether any
+        was preempted (vLLM v1 then admits no waiting request in that step)."""
+        preempted = False
         while self._running:
             if self.kv_used_tokens + self._n_dec <= self.kv_capacity_tokens:
-                return
+                return preempted
+            preempted = True
             victim = next(reversed(self._running.values()))
             self._release(victim)
             victim.state = "waiting"
             self._waiting.appendleft(victim)
             self._num_waiting += 1
             self._preempted += 1
+        return preempted
 
     def _decode_run(self, batch: int, kv0: int, steps: int) -> DecodeRun:
         """Step j reads ``kv0 + j*batch`` KV tokens. Per batch size the step time is checked
