@@ -131,6 +131,8 @@ def server_config(app: Any, host: str, port: int, log_level: str, header_timeout
     return uvicorn.Config(
         app, host=host, port=port, loop=options.pop("loop", "uvloop"),
         http=guarded_httptools(header_timeout_s), access_log=False, log_level=log_level,
+        # nothing reads the client's address or scheme: no X-Forwarded-* rewriting middleware
+        proxy_headers=False,
         timeout_keep_alive=30, timeout_graceful_shutdown=int(shutdown_timeout_s
                                                              + SHUTDOWN_GRACE_S + 0.999),
         **options)
