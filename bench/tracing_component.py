@@ -36,10 +36,11 @@ from typing import Any
 from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 
-from fleetgate.catalog.engines import ENGINES
 from fleetgate.config.schema import PolicyConfig
 from fleetgate.gateway.costs import CostLedger
+from fleetgate.gateway.proxy.apis import APIS
 from fleetgate.gateway.proxy.observer import AttemptResult
+from fleetgate.gateway.proxy.request import ProxyRequest
 from fleetgate.gateway.telemetry.logs import RequestLog
 from fleetgate.gateway.telemetry.metrics import GatewayMetrics
 from fleetgate.gateway.telemetry.recorder import TelemetryObserver
@@ -69,10 +70,7 @@ def decisions(n: int, stream: bool) -> tuple[list[Decision], dict[str, Endpoint]
                                           "slo": {"ttft_ms": 1500, "tpot_ms": 80}})
     pipeline = build_pipeline("cost", policy, seed=1)
     request = RoutingRequest(MODEL, stream=stream, max_tokens=256, prompt_chars=2000)
-    endpoints = {i.id: Endpoint(i.id, i.pool, i.url, ENGINES[i.engine], i.accelerator,
-                                i.vendor, "rocm" if i.vendor == "amd" else "cuda", 1,
-                                i.price_per_replica_hour, {MODEL: SERVED}, url=i.url)
-                 for i in infos}
+    endpoints = {i.id: i for i in infos}
     return [pipeline.route(request, live.snapshot(1.0)) for _ in range(n)], endpoints
 
 
@@ -86,7 +84,7 @@ def run(tracing: Tracing | None, stream: bool, n: int) -> float:
     usage = {"prompt_tokens": 508, "completion_tokens": 256}
     t0 = time.process_time()
     for k, decision in enumerate(ds):
-        req = observer.request(f"{k:032x}", "/v1/chat/completions", routing, None, body)
+        req = observer.request(ProxyRequest(APIS["chat"], routing, body, f"{k:032x}"))
         req.routed(decision)
         chosen = decision.chosen
         assert chosen is not None
