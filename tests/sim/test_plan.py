@@ -13,7 +13,7 @@ from fleetgate.config.schema import FleetConfig
 from fleetgate.sim.bound import PoolCapacity, lower_bound
 from fleetgate.sim.candidates import Candidate, PriceSheet
 from fleetgate.sim.capacity import Capacity
-from fleetgate.sim.plan import break_even, design_rate, plan, solve
+from fleetgate.sim.plan import Fleet, break_even, confirm, design_rate, meets, plan, solve
 from fleetgate.sim.run import simulate
 
 
@@ -88,3 +88,25 @@ def test_plan_end_to_end_meets_the_slo_and_writes_a_fleet_simulate_accepts() -> 
     assert replicas == sum(r["replicas"] for r in result["fleet"])
     again = simulate(config, w, ["cost"], None, seed=1).as_json()["policies"]["cost"]
     assert again["slo_attainment"] == result["simulated"]["slo_attainment"]
+
+
+def test_a_fleet_is_confirmed_by_the_cost_policy_and_grown_until_it_meets() -> None:
+    """least_loaded meeting the target does not confirm a fleet the cost router misses on:
+    the program is solved again with more headroom: 3 x a ($6) at 30 req/s, a + b ($6.5) at
+    33, 4 x a ($8) at 36, the first with the capacity the cost policy needs here."""
+    rows = [row("a", 2.0, 10.0), row("b", 4.5, 25.0)]
+    seen = []
+
+    def simulated(fleet: Fleet) -> dict[str, dict[str, object]]:
+        seen.append(fleet.usd_per_hour)
+        capacity = fleet.rate_per_s
+        return {"cost": {"slo_attainment": 0.995 if capacity >= 1.2 * 30 else 0.97},
+                "least_loaded": {"slo_attainment": 0.995}}
+
+    assert not meets({"cost": {"slo_attainment": 0.98},
+                      "least_loaded": {"slo_attainment": 0.999}}, 0.99)
+    found = confirm(rows, 30.0, simulated, 0.99)
+    assert found is not None and found.meets
+    assert {r.gpu: n for r, n in found.fleet.counts} == {"a": 4}
+    assert found.headroom == pytest.approx(1.2)
+    assert seen == [6.0, 6.5, 8.0]

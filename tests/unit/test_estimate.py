@@ -85,7 +85,7 @@ def reference(live: LiveFleet, i: int, req: RoutingRequest, slo: Slo) -> dict[st
     wait = math.ceil(max(0.0, active + 1 - b_max) / b_max) * tpot * g
     ttft = col("k_ttft") * (base + prefill * n * (1 + col("queued")) + wait)
     typical = col("prompt_tokens_mean") if col("prompt_tokens_mean") > 0 else n
-    answer = col("output_tokens_mean") if col("output_tokens_mean") > 0 else g
+    answer = col("output_tokens_mean") if col("output_tokens_mean") > 0 else DEFAULT_MAX_TOKENS
     per_seq = col("step_per_ctx_token_s") * (typical + answer / 2) + prefill * typical / answer
     if slo.tpot_s is None:
         b_slo = b_max
@@ -98,9 +98,10 @@ def reference(live: LiveFleet, i: int, req: RoutingRequest, slo: Slo) -> dict[st
         alone = k * (base + col("step_per_ctx_token_s") * ctx)
         if b_slo < 1 and alone <= SLO_HEADROOM * slo.tpot_s:
             b_slo = 1.0
+    priced = b_slo  # the price is the prior's SLO batch; the learned limit caps the filling
     if col("slo_limit") > 0 and (slo.tpot_s is not None or slo.ttft_s is not None):
         b_slo = min(b_slo, max(math.floor(col("slo_limit")), 1.0))
-    usd = col("usd_per_s") * 1e6 * k * (base + per_seq * b_slo) / b_slo if b_slo > 0 \
+    usd = col("usd_per_s") * 1e6 * k * (base + per_seq * priced) / priced if b_slo > 0 \
         else math.inf
     usage = col("kv_usage")
     if math.isnan(usage):

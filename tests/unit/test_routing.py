@@ -6,7 +6,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from routing_fixtures import MODEL, chosen_pool, make_fleet, pipeline, request, serve
+from routing_fixtures import FLEET, MODEL, chosen_pool, make_fleet, pipeline, request, serve
 
 from fleetgate.config import parse_config
 from fleetgate.routing import PolicyError, build_router
@@ -15,11 +15,15 @@ from fleetgate.routing import PolicyError, build_router
 def test_cost_picks_cheapest_per_token_at_light_load() -> None:
     live = make_fleet()
     d = pipeline("cost", slo={"ttft_ms": 2000, "tpot_ms": 50}).route(request(), live.snapshot(1))
-    # cold: every endpoint is priced at its slow-start concurrency limit (learning.py),
-    # where MI300X's $1.99/h buys the most tokens
-    assert chosen_pool(d) == "mi300x-sglang"
+    # cold: every endpoint is priced at the SLO batch its prior sustains, not at its
+    # slow-start concurrency limit (learning.py), where the cheapest per hour (MI300X,
+    # $1.99) bought the most tokens: the cheapest per token wins, whatever it costs per hour
+    usd = {live.endpoints[i].pool: float(d.estimates["usd_per_mtok"][k])
+           for k, i in enumerate(d.idx)}
+    assert chosen_pool(d) == min(usd, key=usd.__getitem__)
+    assert chosen_pool(d) != min(FLEET, key=lambda row: row[4])[0]  # not the cheapest per hour
     costs = {c.endpoint.pool: c.scores["cost"] for c in d.ranked}
-    assert costs["mi300x-sglang"] == 1.0
+    assert costs[chosen_pool(d)] == 1.0
     assert all(0 <= v <= 1 for v in costs.values())
 
 

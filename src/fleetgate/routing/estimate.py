@@ -20,8 +20,10 @@ prior of ``prior.py`` corrected by the learned ``k_tpot``/``k_ttft``:
     ttft   = k_ttft * (step_base + prefill_per_token * n * (1 + queued) + wait)
     n_typ, g_typ = the mean prompt and answer of the requests the gateway sent lately
              (``prompt_tokens_mean``, ``output_tokens_mean``, one value each for the fleet; n
-             and g before any): capacity and price are the endpoint's on this workload, not on
-             this one request
+             and DEFAULT_MAX_TOKENS before any: one request's own answer, 8 tokens or 2,000,
+             is no guess of a workload, and the price ranking of a cold fleet would follow
+             it): capacity and price are the endpoint's on this workload, not on this one
+             request
     per_seq = step_per_ctx_token * (n_typ + g_typ/2) + prefill_per_token * n_typ / g_typ  (one
              running request costs a step in steady state: its KV read, and its prompt's
              prefill spread over its output tokens: an endpoint that runs B requests at TPOT t
@@ -41,9 +43,15 @@ prior of ``prior.py`` corrected by the learned ``k_tpot``/``k_ttft``:
              SLO at, learned from the requests' own results (``state/learning.py``; it starts
              low and grows as requests meet the SLO, so a cold fleet is priced and filled at
              the batch it has shown, not at the prior's guess)
-    usd_per_mtok = usd_per_s * 1e6 * k_tpot * (step_base + per_seq * B_slo) / B_slo   (replica
-             $/s over the tokens/s it sustains at the SLO; infinite when it cannot meet the SLO
-             at all)
+    usd_per_mtok = usd_per_s * 1e6 * k_tpot * (step_base + per_seq * B) / B, B = B_slo before
+             the learned slo_limit caps it   (replica $/s over the tokens/s it sustains at the
+             SLO; infinite when it cannot meet the SLO at all). The learned limit caps how full
+             an endpoint is filled (B_slo, meets_slo, can_take), not its price: in slow start
+             the limit is a starting value, not a measurement, and priced at it the cheapest
+             per *hour* looked cheapest per token (at 16, MI300X; at 128, MI355X) and the pool
+             that got traffic first kept it (its limit grew, its price fell): on the mixed
+             fleet MI300X took 43% of the traffic from MI355X, cheaper per token, and
+             autoscaled to 4 replicas (BENCHMARKS.md, issue 11/12, autoscaling)
     meets_slo = tpot <= 0.8 * slo_tpot and ttft <= 0.8 * slo_ttft and active + 1 <= B_slo
              (20% headroom: the predictions are averages, the SLO is judged per request)
     can_take = the same without the B_slo guess, only the learned slo_limit: 1 when this
@@ -173,7 +181,7 @@ def _kernel(live: FloatArray, static: FloatArray, live_in: IntArray, static_in: 
         prefill = static[prefill_r, i] * n * (live[queued_r, i] + 1.0)
         ttft = live[k_ttft_r, i] * (base + prefill + wait)
         typical = live[typ_n_r, i] if live[typ_n_r, i] > 0 else n  # NaN: nothing sent yet
-        answer = live[typ_g_r, i] if live[typ_g_r, i] > 0 else g
+        answer = live[typ_g_r, i] if live[typ_g_r, i] > 0 else DEFAULT_MAX_TOKENS
         short = live[short_r, i] if live[short_r, i] > 0 else g
         per_seq = (static[per_ctx_r, i] * (typical + answer / 2)
                    + static[prefill_r, i] * typical / answer)
@@ -186,6 +194,7 @@ def _kernel(live: FloatArray, static: FloatArray, live_in: IntArray, static_in: 
             batch = min(max(np.floor(room / per_seq), 0.0), b_max)
             if batch < 1.0 and k_tpot * (base + ctx_cost) <= tpot_limit:
                 batch = 1.0  # it meets the SLO alone: one at a time
+        priced = batch  # the SLO batch the prior says: what a token costs at capacity
         limit = live[limit_r, i]
         if not (limit > 0 and (tpot_limit < np.inf or ttft_limit < np.inf)):
             limit = np.nan  # a concurrency within an SLO: nothing to a policy without one
@@ -200,7 +209,7 @@ def _kernel(live: FloatArray, static: FloatArray, live_in: IntArray, static_in: 
         out[2, j] = ttft
         out[3, j] = ttft + tpot * (g - 1)
         out[4, j] = batch
-        out[5, j] = (static[usd_r, i] * 1e6 * k_tpot * (base + per_seq * batch) / batch
+        out[5, j] = (static[usd_r, i] * 1e6 * k_tpot * (base + per_seq * priced) / priced
                      if batch > 0 else np.inf)  # $/s over tokens/s at the SLO batch
         out[6, j] = active / max(batch, 1.0)
         out[7, j] = (1.0 - usage) * cap

@@ -76,13 +76,19 @@ def room(decision: Decision) -> int | None:
 
 def drain_and_budget(decision: Decision) -> tuple[float, float]:
     """(requests/s the candidates complete when full, seconds a request may wait): the
-    drain rate is the sum over usable candidates of SLO capacity / predicted e2e time; the
-    budget is the policy's TTFT SLO (with the router's headroom) less the fastest predicted
-    TTFT."""
+    drain rate is the sum over usable candidates of SLO capacity / the predicted e2e time
+    of a typical request (Little's law: the requests *in flight* end at that rate, whatever
+    this one asks for; its TTFT and TPOT with the workload's mean answer,
+    ``output_tokens_mean``, or its own e2e before any answer has finished. Sized by this
+    request's own length, a long answer on a fleet completing 40 requests/s was told 8 to
+    23 and shed at once behind a queue of 11 to 28); the budget is the policy's TTFT SLO
+    (with the router's headroom) less the fastest predicted TTFT."""
     est, alive = decision.estimates, decision.alive
     if est is None or alive is None or not alive.any():
         return 0.0, 0.0
-    e2e = np.where(alive, est["e2e_s"], np.inf)
+    answer = est.column("output_tokens_mean")
+    typical = np.where(answer >= 1, est["ttft_s"] + est["tpot_s"] * (answer - 1), est["e2e_s"])
+    e2e = np.where(alive, typical, np.inf)
     drain = float(np.sum(np.where(e2e > 0, est["slo_capacity"] / e2e, 0.0)))
     ttft_slo = est.slo.ttft_s
     if ttft_slo is None:

@@ -43,7 +43,12 @@ EWMA over about 1 / MISS_ALPHA judged results) passes TARGET_MISS_RATE:
     idle  : with no result for IDLE_S, the limit grows back by e every LIMIT_RELAX_S
 
 Slow start keeps a cold fleet from being packed to the prior's capacity guess before any
-request has told how the endpoint really does. An endpoint's first decrease is also given
+request has told how the endpoint really does. A round is a whole request (seconds of
+decoding), so where it starts matters: from 16, a cold fleet of four MI355X replicas under
+40 chat requests/s (about 250 in flight) held requests back and shed them for the first
+~30 s while the limits doubled; 64 is still well below the SLO batch the prior gives an 8B
+model on the catalog's GPUs (about 150 to 250), and the SLO filter still judges every
+dispatch by the predictions. An endpoint's first decrease is also given
 to its siblings still in slow start (``siblings``: the replicas with the same prior: same
 GPU, engine, model and speed), so the other replicas of a pool do not each have to fail
 before they are believed.
@@ -67,7 +72,7 @@ MAX_LOG_RATE = math.log(2.0)  # per second: k at most doubles or halves in a sec
 IDLE_S = 10.0
 RELAX_S = 30.0
 DECREASE = 0.9
-INITIAL_LIMIT = 16.0
+INITIAL_LIMIT = 64.0
 DECREASE_EVERY_S = 10.0
 INCREASE = 0.3
 TARGET_MISS_RATE = 0.005
