@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from routing_fixtures import make_fleet, pipeline, request
 
-from fleetgate.state.admission import drain_and_budget
+from fleetgate.state.admission import drain_and_budget, full, room
 
 
 def test_a_long_answer_sees_the_same_drain_as_a_short_one() -> None:
@@ -38,3 +38,17 @@ def test_before_any_answer_the_request_own_length_sizes_it() -> None:
     assert est is not None and alive is not None
     own = float(np.sum(np.where(alive, est["slo_capacity"] / est["e2e_s"], 0.0)))
     assert drain_and_budget(d)[0] == pytest.approx(own)
+
+
+def test_full_is_room_zero_from_empty_to_past_every_limit() -> None:
+    """``full`` (asked on every arrival) answers what ``room(...) == 0`` does, cheaply."""
+    live = make_fleet()
+    pipe = pipeline("cost", slo={"ttft_ms": 1500, "tpot_ms": 80})
+    seen = set()
+    for k in range(400):  # fill every endpoint past its learned limit, one at a time
+        d = pipe.route(request(), live.snapshot(1.0))
+        assert full(d) == (room(d) == 0)
+        seen.add(full(d))
+        live.on_dispatch(k % len(live.endpoints), 1.0, 0.1, 500)
+    assert seen == {True, False}
+    assert not full(pipeline("cost").route(request(), live.snapshot(1.0)))  # no SLO: never

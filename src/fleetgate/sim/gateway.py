@@ -34,7 +34,7 @@ from fleetgate.sim.arrivals import PRIORITIES, RequestSet
 from fleetgate.sim.outcomes import BAD_REQUEST, FAILED, NO_CAPACITY, OK, SHED, Outcomes
 from fleetgate.sim.prefixes import SimPrefixes
 from fleetgate.sim.replica import SimReplica
-from fleetgate.state.admission import AdmissionQueue, drain_and_budget, room
+from fleetgate.state.admission import AdmissionQueue, drain_and_budget, full
 from fleetgate.state.learning import NO_SAMPLE, Sample
 from fleetgate.state.live import LiveFleet
 
@@ -97,7 +97,7 @@ class SimGateway:
             self._end(r, BAD_REQUEST, now)
             return
         priority = PRIORITIES[int(self.req.priority[r])]
-        if priority != "high" and (room(decision) == 0 or len(self.queue)):
+        if priority != "high" and (full(decision) or len(self.queue)):
             self._wait(r, priority, decision, now)
             return
         self._go(r, decision, now)
@@ -121,7 +121,7 @@ class SimGateway:
         """A request ended (or one joined the queue): waiters go while there is room."""
         while (head := self.queue.peek()) is not None:
             decision = self.router.route(self._routing_request(head), self.live.snapshot(now))
-            if room(decision) == 0:
+            if full(decision):
                 return
             self.queue.pop()
             self._go(head, decision, now)

@@ -74,6 +74,17 @@ def room(decision: Decision) -> int | None:
     return int(np.count_nonzero((est["can_take"] > 0) & alive))
 
 
+def full(decision: Decision) -> bool:
+    """``room(decision) == 0``, cheaply where it is not: one candidate that can take the
+    request settles it (the common case, asked on every arrival)."""
+    est, alive = decision.estimates, decision.alive
+    if est is None or alive is None or (est.slo.ttft_s is None and est.slo.tpot_s is None):
+        return False
+    if ((est["can_take"] > 0) & alive).any():
+        return False
+    return room(decision) == 0
+
+
 def drain_and_budget(decision: Decision) -> tuple[float, float]:
     """(requests/s the candidates complete when full, seconds a request may wait): the
     drain rate is the sum over usable candidates of SLO capacity / the predicted e2e time

@@ -60,7 +60,7 @@ from fleetgate.gateway.proxy.request import ProxyRequest
 from fleetgate.gateway.proxy.resume import NotResumable, Opened, Resumer
 from fleetgate.gateway.proxy.stream import open_continuation, open_stream
 from fleetgate.routing import Router, RoutingRequest
-from fleetgate.state.admission import room
+from fleetgate.state.admission import full, room
 from fleetgate.state.fleet import Fleet
 
 log = logging.getLogger("fleetgate.proxy")
@@ -125,7 +125,7 @@ class ProxyService:
                 req.routing.max_tokens if req.api.usage_out else None, req.api.prompt_param,
                 next((f for f in req.api.output_caps if req.body.get(f) is not None), None))
         key = (req.routing.model, req.routing.api)
-        if req.priority != "high" and (room(decision) == 0 or self.flow.waiting(key)):
+        if req.priority != "high" and (full(decision) or self.flow.waiting(key)):
             await self.flow.wait(req.routing, req.priority, req.weight, decision)
             decision = gen.router.route(req.routing, gen.fleet.snapshot())
         ex = Exchange(req, gen, self.decisions.record(req.request_id, decision), obs,
