@@ -85,6 +85,8 @@ def test_simulated_replica_matches_the_live_emulator() -> None:
     assert np.all(out.status == OK)
     sim_tput = outputs.sum() / (np.max(arrivals + out.e2e_s) - arrivals.min())
 
+    print(f"fidelity, live / simulated: TTFT {live_ttft.mean() / out.ttft_s.mean():.3f}, "
+          f"TPOT {live_tpot.mean() / out.tpot_s.mean():.3f}, throughput {live_tput / sim_tput:.3f}")
     assert live_ttft.mean() == pytest.approx(out.ttft_s.mean(), rel=0.10)
     assert live_tpot.mean() == pytest.approx(out.tpot_s.mean(), rel=0.10)
     assert live_tput == pytest.approx(sim_tput, rel=0.10)
