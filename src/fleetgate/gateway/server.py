@@ -11,10 +11,20 @@
   ``[DONE]``) at its next frame (``api/openai.py``); uvicorn's own graceful timeout, a few
   seconds later, cancels whatever is left.
 
+- **Oversize headers**: httptools has no size limit of its own (it gathers a header of any
+  length in memory before the protocol sees it), so the request line and headers are counted
+  as they arrive, in ``data_received`` before parsing: past ``MAX_HEADER_BYTES`` (64 KiB in
+  all) the connection gets a 431 in the OpenAI envelope and stops being read. The close is a
+  *lingering* one (as nginx does): the answer is sent, the write side shut, and whatever the
+  client still sends is read and thrown away until it closes or ``LINGER_S`` passes, so a
+  client still writing its header gets the 431 instead of a reset, and the gateway's memory
+  never holds more than 64 KiB of any header block. (Bytes of a pipelined request that
+  arrive in the same read as the end of the one before are not counted: one read at most.)
+
 What the app cannot wrap: a request uvicorn cannot parse (malformed request line or
-headers, headers beyond httptools' size limit, a bad ``Content-Length``) is answered by
-uvicorn itself with a plain-text 400 and ``connection: close`` before the app sees anything;
-a trailing slash or an unknown route is the app's (an enveloped 404).
+headers, a bad ``Content-Length``) is answered by uvicorn itself with a plain-text 400 and
+``connection: close`` before the app sees anything; a trailing slash or an unknown route is
+the app's (an enveloped 404).
 
 May touch: uvicorn, asyncio. Must not touch: the request path.
 """
@@ -36,22 +46,56 @@ log = logging.getLogger("fleetgate")
 SHUTDOWN_GRACE_S = 5.0  # after the deadline: for streams to write their error event
 
 
-def _envelope_408(message: str) -> bytes:
+MAX_HEADER_BYTES = 64 * 1024  # the request line and all headers of one request
+LINGER_S = 5.0  # after a 431: how long the rest of the client's bytes are read and dropped
+
+
+def _envelope(status: str, code: str, message: str) -> bytes:
     body = orjson.dumps({"error": {"message": message, "type": "invalid_request_error",
-                                   "param": None, "code": "request_timeout"}})
-    return (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+                                   "param": None, "code": code}})
+    return (b"HTTP/1.1 " + status.encode() + b"\r\ncontent-type: application/json\r\n"
             b"content-length: " + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n"
             + body)
 
 
+def _envelope_408(message: str) -> bytes:
+    return _envelope("408 Request Timeout", "request_timeout", message)
+
+
 class _GuardedHttpTools(HttpToolsProtocol):
     header_timeout_s = 10.0
+    max_header_bytes = MAX_HEADER_BYTES
     _deadline: asyncio.TimerHandle | None = None
     _begun = False
+    _in_head = True  # the bytes arriving now are a request line or headers
+    _head_bytes = 0
+    _refused = False  # over the cap: the rest of the connection is read and dropped
+    _refusal_due = False  # over the cap behind a running answer: refused when it ends
+    _linger: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
+        if not self._in_head:
+            super().data_received(data)
+            return
+        room = self.max_header_bytes - self._head_bytes
+        if len(data) <= room:
+            self._head_bytes += len(data)
+            super().data_received(data)
+            return
+        if room > 0:
+            self._head_bytes += room
+            super().data_received(data[:room])
+        if self._in_head:
+            if not self.transport.is_closing():
+                self._too_large()
+            return
+        self.data_received(data[room:])  # the headers ended within the cap: the rest is body
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -61,11 +105,47 @@ class _GuardedHttpTools(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._disarm()
         self._begun = False
+        self._in_head = False
         super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._in_head, self._head_bytes = True, 0
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        if self._refusal_due and not self.transport.is_closing():
+            self.server_state.total_requests += 1
+            self._refuse()
+            return
+        super().on_response_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self._linger is not None:
+            self._linger.cancel()
         super().connection_lost(exc)
+
+    def _too_large(self) -> None:
+        """The request's head passed the cap: 431 and a lingering close (module doc)."""
+        self._disarm()
+        self._refused = True
+        if self.cycle is not None and not self.cycle.response_complete:
+            self._refusal_due = True  # pipelined behind a running answer: after it
+            return
+        self._refuse()
+
+    def _refuse(self) -> None:
+        log.warning("request headers over %d bytes: answered 431 and closed",
+                    self.max_header_bytes)
+        transport = self.transport
+        transport.write(_envelope(
+            "431 Request Header Fields Too Large", "request_header_fields_too_large",
+            f"request line and headers exceed {self.max_header_bytes // 1024} KiB"))
+        if transport.can_write_eof():
+            transport.write_eof()  # the client reads the 431, then closes: eof_received
+            self._linger = self.loop.call_later(LINGER_S, transport.close)
+        else:
+            transport.close()
 
     def _arm(self) -> None:
         self._disarm()
@@ -78,7 +158,7 @@ class _GuardedHttpTools(HttpToolsProtocol):
 
     def _too_slow(self) -> None:
         self._deadline = None
-        if self.transport.is_closing():
+        if self.transport.is_closing() or self._refused:
             return
         if self.cycle is not None and not self.cycle.response_complete:
             self._arm()  # a pipelined request behind a running one: its turn comes later

@@ -1,0 +1,91 @@
+"""Issue 24 item 2: request headers are capped while they arrive (``gateway/server.py``).
+
+A real ``fleetgate serve`` process; clients on raw sockets send oversize header blocks. Each
+gets a 431 in the OpenAI envelope and a closed connection, and the gateway's resident memory
+(``VmRSS`` in ``/proc/PID/status``) does not grow with what they sent.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+from procs import Proc, spawn_gateway
+
+NO_ENGINE = {"pools": [{"name": "p", "accelerator": "h100", "engine": "vllm",
+                        "price_per_gpu_hour": 2.0, "endpoints": ["http://127.0.0.1:9"],
+                        "models": {"m": "m"}}]}
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
+    proc = spawn_gateway(NO_ENGINE, tmp_path_factory.mktemp("hdr"), wait_ready=False)
+    yield proc
+    proc.stop()
+
+
+def _mib(pid: int, field: str) -> float:
+    """``VmRSS`` (resident now) or ``VmHWM`` (the peak so far) of a process, in MiB."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(ln.split()[1] for ln in status.splitlines()
+                    if ln.startswith(field + ":"))) / 1024
+
+
+def _send_header(url: str, size: int, name: str = "x-big") -> bytes:
+    """One request with a ``size``-byte header value on a raw socket; what came back."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        head = f"GET /healthz HTTP/1.1\r\nhost: {host}\r\n{name}: ".encode()
+        try:
+            sock.sendall(head)
+            block = b"a" * (1024 * 1024)
+            sent = 0
+            while sent < size:
+                sock.sendall(block[: size - sent])
+                sent += min(len(block), size - sent)
+            sock.sendall(b"\r\n\r\n")
+        except OSError:  # the gateway stopped reading: what it said is still in the socket
+            pass
+        answer = b""
+        try:
+            while data := sock.recv(65536):
+                answer += data
+        except OSError:
+            pass
+        return answer
+
+
+def _check_431(answer: bytes) -> None:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 431 "), answer[:200]
+    assert b"connection: close" in head.lower()
+    error = orjson.loads(body)["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["code"] == "request_header_fields_too_large" and "64" in error["message"]
+
+
+def test_a_1_mib_header_gets_a_431_envelope_and_a_closed_connection(gw: Proc) -> None:
+    _check_431(_send_header(gw.url, 1024 * 1024))
+    ok = httpx.get(gw.url + "/healthz", headers={"x-fine": "a" * 30_000})
+    assert ok.status_code == 200  # a large but reasonable header still passes
+
+
+def test_eight_32_mib_headers_leave_the_gateways_memory_where_it_was(gw: Proc) -> None:
+    for _ in range(3):
+        httpx.get(gw.url + "/healthz")
+    before, peak_before = _mib(gw.popen.pid, "VmRSS"), _mib(gw.popen.pid, "VmHWM")
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: _send_header(gw.url, 32 * 1024 * 1024), range(8)))
+    after, peak = _mib(gw.popen.pid, "VmRSS"), _mib(gw.popen.pid, "VmHWM")
+    print(f"gateway RSS {before:.0f} MiB before, {after:.0f} MiB after 8 x 32 MiB headers "
+          f"(peak {peak_before:.0f} -> {peak:.0f} MiB)")
+    assert after - before < 20 and peak - peak_before < 20
+    for answer in answers:
+        _check_431(answer)
+    assert httpx.get(gw.url + "/healthz").status_code == 200
