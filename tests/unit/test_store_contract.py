@@ -263,6 +263,66 @@ async def test_spend_totals_per_key_and_period(store: Harness) -> None:
     assert await store.limits.spent("team-a", "2026-12-01") == 0
 
 
+# -- reservations: tokens in the window, $ against a cap (issue 24) ---------------------
+async def test_a_taken_amount_is_a_reservation_that_record_replaces(store: Harness) -> None:
+    v = await store.limits.take("tpm", 40, 100, W, T0)
+    assert v.allowed and v.entry is not None
+    w = await store.limits.take("tpm", 50, 100, W, T0 + 1)
+    assert w.allowed and w.entry not in (None, v.entry)
+    assert not (await store.limits.take("tpm", 20, 100, W, T0 + 2)).allowed  # 90 reserved
+    await store.limits.record("tpm", 12, W, T0 + 3, replaces=v.entry)  # used 12 of its 40
+    assert (await store.limits.take("tpm", 0, 100, W, T0 + 3)).used == 62
+    await store.limits.record("tpm", 5, W, T0 + 4, replaces=v.entry)  # settled twice: adds
+    assert (await store.limits.take("tpm", 0, 100, W, T0 + 4)).used == 67
+    await store.limits.record("tpm", 0, W, T0 + 5, replaces=w.entry)  # given back
+    assert (await store.limits.take("tpm", 0, 100, W, T0 + 5)).used == 17
+    await store.limits.record("tpm", 0, W, T0 + 5, replaces="no-such-entry")
+    v = await store.limits.take("tpm", 83, 100, W, T0 + 6)  # 17 + 83 fits exactly
+    assert (v.allowed, v.used) == (True, 100)
+    assert (await store.limits.take("tpm", 0, 100, W, T0 + 3 + W)).used == 88  # 12 left
+    assert (await store.limits.take("rpm", 0, 1, W, T0)).entry is None  # a check adds none
+
+
+async def test_an_unsettled_reservation_leaves_with_its_window(store: Harness) -> None:
+    v = await store.limits.take("tpm", 90, 100, W, T0)
+    assert not (await store.limits.take("tpm", 20, 100, W, T0 + W - 1)).allowed
+    assert (await store.limits.take("tpm", 20, 100, W, T0 + W)).allowed  # its replica died
+    await store.limits.record("tpm", 30, W, T0 + W + 1, replaces=v.entry)  # late: adds only
+    assert (await store.limits.take("tpm", 0, 100, W, T0 + W + 1)).used == 50
+
+
+async def test_spend_reservations_count_against_the_cap(store: Harness) -> None:
+    day = "2026-11-30"
+    a = await store.limits.reserve_spend("t", 0.4, day, 1.0, 30, T0)
+    b = await store.limits.reserve_spend("t", 0.5, day, 1.0, 30, T0)
+    assert a is not None and b is not None and a != b
+    c = await store.limits.reserve_spend("t", 0.5, day, 1.0, 30, T0)  # 0.9 < 1: room left
+    assert c is not None
+    assert await store.limits.reserve_spend("t", 0.01, day, 1.0, 30, T0) is None  # 1.4
+    assert await store.limits.spent("t", day) == 0  # reservations are not spend
+    assert await store.limits.add_spend("t", 0.1, day, 86400, settles=a) == pytest.approx(0.1)
+    assert await store.limits.add_spend("t", 0.2, day, 86400, settles=b) == pytest.approx(0.3)
+    d = await store.limits.reserve_spend("t", 0.6, day, 1.0, 30, T0)  # 0.3 + 0.5 < 1
+    assert d is not None
+    assert await store.limits.reserve_spend("t", 0.01, day, 1.0, 30, T0) is None  # 1.4
+    assert await store.limits.add_spend("t", 0.0, day, 86400, settles=c) == pytest.approx(0.3)
+    assert await store.limits.add_spend("t", 0.0, day, 86400, settles=c) == pytest.approx(0.3)
+    assert await store.limits.reserve_spend("t", 0.01, day, 1.0, 30, T0) is not None  # 0.9
+    assert await store.limits.reserve_spend("t", 0.5, "2026-12-01", 1.0, 30, T0) is not None
+    assert await store.limits.reserve_spend("u", 0.5, day, 1.0, 30, T0) is not None
+
+
+async def test_spend_reservations_of_a_dead_replica_expire(store: Harness) -> None:
+    day = "2026-11-30"
+    assert await store.limits.reserve_spend("t", 0.7, day, 1.0, 10, T0) is not None
+    assert await store.limits.reserve_spend("t", 0.7, day, 1.0, 30, T0) is not None
+    assert await store.limits.reserve_spend("t", 0.1, day, 1.0, 30, T0 + 9) is None
+    late = await store.limits.reserve_spend("t", 0.3, day, 1.0, 30, T0 + 10)  # 10 s one gone
+    assert late is not None
+    assert await store.limits.reserve_spend("t", 0.1, day, 1.0, 30, T0 + 11) is None  # 1.0
+    assert await store.limits.reserve_spend("t", 0.1, day, 1.0, 30, T0 + 41) is not None
+
+
 # -- two clients, one limit: two workers (local) or two replicas (Redis) -----------------
 @pytest.fixture(params=["local", "redis"])
 async def two_replicas(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
@@ -312,3 +372,21 @@ async def test_concurrent_takes_are_atomic(
     holds = await asyncio.gather(*[(a, b)[i % 2].acquire("conc", 7, 30, T0)
                                    for i in range(30)])
     assert sum(h is not None for h in holds) == 7
+
+
+async def test_concurrent_reservations_are_atomic(
+        two_replicas: tuple[LimitStore, LimitStore]) -> None:
+    a, b = two_replicas
+    verdicts = await asyncio.gather(*[(a, b)[i % 2].take("tpm", 30, 300, W, T0 + i * 1e-3)
+                                      for i in range(60)])
+    assert sum(v.allowed for v in verdicts) == 10
+    holds = await asyncio.gather(*[(a, b)[i % 2].reserve_spend("t", 0.25, "d", 2.0, 30, T0)
+                                   for i in range(30)])
+    assert sum(h is not None for h in holds) == 8  # 7 * 0.25 < 2: the 8th still fits
+    settled = [h for h in holds if h is not None]
+    await asyncio.gather(*[(b, a)[i % 2].add_spend("t", 0.125, "d", 60, settles=h)
+                           for i, h in enumerate(settled)])
+    assert await a.spent("t", "d") == 1.0
+    more = await asyncio.gather(*[(a, b)[i % 2].reserve_spend("t", 0.25, "d", 2.0, 30, T0)
+                                  for i in range(30)])
+    assert sum(h is not None for h in more) == 4  # 1.0 + 3 * 0.25 < 2

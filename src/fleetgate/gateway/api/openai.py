@@ -63,7 +63,8 @@ async def proxy(request: Request, api: Api) -> Response:
     principal.check_model(routing.model)
     prepared = ProxyRequest(api, routing, body, request_id, wants_usage(body),
                             headers.get("traceparent"),
-                            await state.limits.admit(principal),
+                            await state.limits.admit(principal, routing,
+                                                     state.generation.fleet.snapshot),
                             principal.priority_for(headers.get("x-priority")),
                             principal.weight)
     watch = ClientWatch(request.receive)  # the body is read: the next receive is a disconnect

@@ -14,9 +14,16 @@ the default) and a Redis one (``redis.py``, several replicas acting as one):
   replica id, kept ``ttl_s`` after its last publish, own snapshot included, so a replica
   that stopped still counts in the fleet's costs).
 - ``RateLimits``: sliding-window counters (``take`` = check-and-add in one atomic step,
-  ``record`` = add unconditionally) and a concurrency semaphore whose holds expire.
+  ``record`` = add unconditionally) and a concurrency semaphore whose holds expire. An
+  amount ``take`` admits is a reservation: its ``Verdict.entry`` names it, and ``record``
+  with ``replaces=entry`` swaps it for what was really used, in one atomic step (a
+  reservation never settled leaves the window with it: it cannot leak).
 - ``Budgets``: spend totals per key and period (``"2026-11-30"``, ``"2026-11"``: the caller
-  computes the period).
+  computes the period), and reservations against a cap: ``reserve_spend`` admits while the
+  total plus the live reservations is below the cap (so the last one admitted may pass it by
+  its own reservation, never more), ``add_spend`` with ``settles=id`` adds the real charge
+  and drops the reservation in one atomic step; a reservation never settled expires at
+  ``now + ttl_s`` (a replica that died).
 
 Time: every limit method takes ``now`` (wall-clock epoch seconds) from the caller, so tests
 inject it and replicas agree as far as their clocks do (NTP). Only ``SharedState`` expiry runs
@@ -71,11 +78,14 @@ class Verdict:
     ``used`` is the window's total after the call (including ``amount`` when allowed);
     ``retry_after_s`` is 0 when allowed, else the seconds until enough of the window has
     expired to admit ``amount`` (``window_s`` when ``amount`` exceeds ``limit``: it never fits).
+    ``entry`` names the amount added (allowed and ``amount > 0``), for ``record(replaces=)``;
+    opaque, unique per store.
     """
 
     allowed: bool
     used: float
     retry_after_s: float
+    entry: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,10 +135,13 @@ class RateLimits(Protocol):
                    now: float) -> Verdict:
         """Admit ``amount`` if ``used + amount <= limit`` over the last ``window_s`` seconds
         (adding it), else refuse without adding. ``amount == 0`` is a pure check that
-        refuses once ``used >= limit``."""
+        refuses once ``used >= limit``. The added amount is ``Verdict.entry``."""
 
-    async def record(self, key: str, amount: float, window_s: float, now: float) -> None:
-        """Add ``amount`` to the window unconditionally (tokens known after a response)."""
+    async def record(self, key: str, amount: float, window_s: float, now: float,
+                     replaces: str | None = None) -> None:
+        """Add ``amount`` at ``now`` unconditionally (tokens known after a response); with
+        ``replaces``, the same atomic step removes that ``take`` entry if it is still in the
+        window (settling a reservation; an unknown or expired entry is ignored)."""
 
     async def acquire(self, key: str, limit: int, ttl_s: float, now: float) -> str | None:
         """Take one of ``limit`` concurrency slots; returns a hold id, or None when all are
@@ -141,9 +154,17 @@ class RateLimits(Protocol):
 
 
 class Budgets(Protocol):
-    async def add_spend(self, key: str, usd: float, period_key: str, ttl_s: float) -> float:
+    async def add_spend(self, key: str, usd: float, period_key: str, ttl_s: float,
+                        settles: str | None = None) -> float:
         """Add ``usd`` to the key's total for ``period_key``; returns the new total. The
-        total is forgotten ``ttl_s`` after the last addition."""
+        total is forgotten ``ttl_s`` after the last addition. With ``settles``, the same
+        atomic step drops that reservation (unknown or expired: ignored)."""
+
+    async def reserve_spend(self, key: str, usd: float, period_key: str, cap: float,
+                            ttl_s: float, now: float) -> str | None:
+        """Reserve ``usd`` for ``period_key`` if its total plus the live reservations is
+        below ``cap``; returns the reservation id, or None (nothing reserved). A
+        reservation not settled expires at ``now + ttl_s``."""
 
     async def spent(self, key: str, period_key: str) -> float:
         """The key's total for ``period_key`` (0 when nothing was spent)."""

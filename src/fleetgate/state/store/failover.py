@@ -14,7 +14,12 @@ the outage loses little:
 - spend is never dropped: during an outage ``add_spend`` adds to an unsynced delta per
   (key, period), totals read as last known Redis total + delta, and the deltas are added to
   Redis on recovery;
-- sliding windows (rpm/tpm) restart from the fallback's own counts: they are short-lived.
+- sliding windows (rpm/tpm) restart from the fallback's own counts: they are short-lived;
+  a window entry (a tpm reservation) is tagged like a hold, and settling one of Redis's
+  during an outage records the tokens in the fallback (the Redis entry leaves its window);
+- spend reservations are tagged too; during an outage they are made in the fallback against
+  the cap less what the outage's totals say (last known Redis total + delta), and settling
+  one of Redis's queues its release for the recovery (or it expires after its TTL).
 
 ``FailoverSharedState(inner)`` never raises ``StoreUnavailable``: ``publish`` becomes a no-op
 and ``peers`` returns ``{}`` (route on this replica's own counts) while Redis is down, with
@@ -30,6 +35,7 @@ May touch: ``base``, logging. Must not touch: redis (only through the wrapped st
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -94,6 +100,7 @@ class FailoverLimitStore:
         self.fallback = fallback
         self._gate = _Gate("limits are per-replica meanwhile", retry_every_s, clock)
         self._pending_releases: list[tuple[str, str]] = []
+        self._pending_settles: list[tuple[str, str, str, float]] = []  # key, period, id, ttl
         self._unsynced: dict[tuple[str, str], tuple[float, float]] = {}
         self._known: dict[tuple[str, str], float] = {}
         self._replaying = False
@@ -104,15 +111,27 @@ class FailoverLimitStore:
 
     async def take(self, key: str, amount: float, limit: float, window_s: float,
                    now: float) -> Verdict:
-        verdict, _ = await self._route(lambda s: s.take(key, amount, limit, window_s, now))
-        return verdict
+        verdict, on_primary = await self._route(
+            lambda s: s.take(key, amount, limit, window_s, now))
+        if verdict.entry is None:
+            return verdict
+        return dataclasses.replace(verdict, entry=_tag(on_primary, verdict.entry))
 
-    async def record(self, key: str, amount: float, window_s: float, now: float) -> None:
-        await self._route(lambda s: s.record(key, amount, window_s, now))
+    async def record(self, key: str, amount: float, window_s: float, now: float,
+                     replaces: str | None = None) -> None:
+        if replaces is None:
+            await self._route(lambda s: s.record(key, amount, window_s, now))
+            return
+        where, _, inner = replaces.partition(":")
+        if where == "f":
+            await self.fallback.record(key, amount, window_s, now, inner)
+            return
+        await self._route(lambda s: s.record(key, amount, window_s, now, inner)
+                          if s is self.primary else s.record(key, amount, window_s, now))
 
     async def acquire(self, key: str, limit: int, ttl_s: float, now: float) -> str | None:
         hold, on_primary = await self._route(lambda s: s.acquire(key, limit, ttl_s, now))
-        return None if hold is None else ("p:" if on_primary else "f:") + hold
+        return None if hold is None else _tag(on_primary, hold)
 
     async def release(self, key: str, hold_id: str) -> None:
         where, _, inner = hold_id.partition(":")
@@ -130,20 +149,44 @@ class FailoverLimitStore:
         if len(self._pending_releases) < MAX_QUEUED:
             self._pending_releases.append((key, inner))
 
-    async def add_spend(self, key: str, usd: float, period_key: str, ttl_s: float) -> float:
+    async def add_spend(self, key: str, usd: float, period_key: str, ttl_s: float,
+                        settles: str | None = None) -> float:
         pk = (key, period_key)
+        where, _, inner = (settles or "").partition(":")
+        if where == "f":
+            await self.fallback.add_spend(key, 0.0, period_key, ttl_s, inner)
+        on_primary = inner if where == "p" else None
         if self._gate.claim():
             try:
-                total = await self.primary.add_spend(key, usd, period_key, ttl_s)
+                total = await (self.primary.add_spend(key, usd, period_key, ttl_s)
+                               if on_primary is None else
+                               self.primary.add_spend(key, usd, period_key, ttl_s, on_primary))
             except StoreUnavailable as exc:
                 self._gate.fail(exc)
             else:
                 self._remember(pk, total)
                 await self._succeeded()  # may replay unsynced spend and raise the total
                 return self._known.get(pk, total)
+        if on_primary is not None and len(self._pending_settles) < MAX_QUEUED:
+            self._pending_settles.append((key, period_key, on_primary, ttl_s))
         delta = self._unsynced.get(pk, (0.0, ttl_s))[0] + usd
         self._unsynced[pk] = (delta, ttl_s)
         return self._known.get(pk, 0.0) + delta
+
+    async def reserve_spend(self, key: str, usd: float, period_key: str, cap: float,
+                            ttl_s: float, now: float) -> str | None:
+        if self._gate.claim():
+            try:
+                hold = await self.primary.reserve_spend(key, usd, period_key, cap, ttl_s, now)
+            except StoreUnavailable as exc:
+                self._gate.fail(exc)
+            else:
+                await self._succeeded()
+                return None if hold is None else _tag(True, hold)
+        pk = (key, period_key)  # the fallback holds no spend: the outage's totals are here
+        spent = self._known.get(pk, 0.0) + self._unsynced.get(pk, (0.0, 0.0))[0]
+        hold = await self.fallback.reserve_spend(key, usd, period_key, cap - spent, ttl_s, now)
+        return None if hold is None else _tag(False, hold)
 
     async def spent(self, key: str, period_key: str) -> float:
         pk = (key, period_key)
@@ -188,11 +231,16 @@ class FailoverLimitStore:
             return
         self._replaying = True
         pending, self._pending_releases = self._pending_releases, []
+        settles, self._pending_settles = self._pending_settles, []
         try:
             while pending:
                 key, hold = pending[-1]
                 await self.primary.release(key, hold)
                 pending.pop()
+            while settles:
+                key, period, hold, ttl_s = settles[-1]
+                await self.primary.add_spend(key, 0.0, period, ttl_s, hold)
+                settles.pop()
             for pk in list(self._unsynced):
                 usd, ttl_s = self._unsynced[pk]
                 self._remember(pk, await self.primary.add_spend(pk[0], usd, pk[1], ttl_s))
@@ -205,8 +253,9 @@ class FailoverLimitStore:
             self._gate.fail(exc)
         finally:
             self._pending_releases[:0] = pending[:MAX_QUEUED - len(self._pending_releases)]
+            self._pending_settles[:0] = settles[:MAX_QUEUED - len(self._pending_settles)]
             self._replaying = False
-        if self._pending_releases and not self._gate.degraded:
+        if (self._pending_releases or self._pending_settles) and not self._gate.degraded:
             await self._replay()  # released while it ran, Redis still answering
 
     def _remember(self, pk: tuple[str, str], total: float) -> None:
@@ -214,6 +263,11 @@ class FailoverLimitStore:
         self._known[pk] = total  # most recent last, so the oldest is evicted first
         if len(self._known) > MAX_QUEUED:
             del self._known[next(iter(self._known))]
+
+
+def _tag(on_primary: bool, name: str) -> str:
+    """A hold, entry or reservation id, tagged with the store that issued it."""
+    return ("p:" if on_primary else "f:") + name
 
 
 class FailoverSharedState:

@@ -37,7 +37,8 @@ _HEADER = struct.Struct(">I")
 _MAX_FRAME = 64 * 1024 * 1024
 SHARED_CALLS = frozenset({"publish", "peers", "put_registration", "drop_registration",
                           "registrations", "publish_costs", "costs"})
-LIMIT_CALLS = frozenset({"take", "record", "acquire", "release", "add_spend", "spent"})
+LIMIT_CALLS = frozenset({"take", "record", "acquire", "release", "add_spend", "spent",
+                         "reserve_spend"})
 
 
 async def _read_frame(reader: asyncio.StreamReader) -> Any:
@@ -190,8 +191,9 @@ class LocalStore:
         result: Verdict = await self._call("take", key, amount, limit, window_s, now)
         return result
 
-    async def record(self, key: str, amount: float, window_s: float, now: float) -> None:
-        await self._call("record", key, amount, window_s, now)
+    async def record(self, key: str, amount: float, window_s: float, now: float,
+                     replaces: str | None = None) -> None:
+        await self._call("record", key, amount, window_s, now, replaces)
 
     async def acquire(self, key: str, limit: int, ttl_s: float, now: float) -> str | None:
         result: str | None = await self._call("acquire", key, limit, ttl_s, now)
@@ -200,8 +202,15 @@ class LocalStore:
     async def release(self, key: str, hold_id: str) -> None:
         await self._call("release", key, hold_id)
 
-    async def add_spend(self, key: str, usd: float, period_key: str, ttl_s: float) -> float:
-        result: float = await self._call("add_spend", key, usd, period_key, ttl_s)
+    async def add_spend(self, key: str, usd: float, period_key: str, ttl_s: float,
+                        settles: str | None = None) -> float:
+        result: float = await self._call("add_spend", key, usd, period_key, ttl_s, settles)
+        return result
+
+    async def reserve_spend(self, key: str, usd: float, period_key: str, cap: float,
+                            ttl_s: float, now: float) -> str | None:
+        result: str | None = await self._call("reserve_spend", key, usd, period_key, cap,
+                                              ttl_s, now)
         return result
 
     async def spent(self, key: str, period_key: str) -> float:

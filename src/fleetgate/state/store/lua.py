@@ -10,7 +10,14 @@ Sliding window (``TAKE``, ``RECORD``): KEYS[1] is a sorted set, one member per a
 amount, scored by its time, member ``"<amount>:<uid>"`` (the uid keeps equal amounts at the
 same time distinct); KEYS[2] holds the running total of the set's amounts, so a call costs
 O(entries that expired), not O(entries). An entry at time t counts while ``t > now -
-window``. Scripts with dynamic key names (``PEERS``) assume one Redis (or a Sentinel-managed
+window``. A ``take``'s entry is its member: ``RECORD`` with ``replaces`` removes it (a
+reservation settled).
+
+Spend reservations (``RESERVE_SPEND``, ``SETTLE_SPEND``): per (key, period), a sorted set
+of reservation ids scored by expiry, a hash of their amounts and their running sum, beside
+the spend total; expired ones are dropped on the next reservation.
+
+Scripts with dynamic key names (``PEERS``) assume one Redis (or a Sentinel-managed
 primary), not Redis Cluster.
 
 May touch: nothing (module strings only).
@@ -57,7 +64,7 @@ end
 
 TAKE = _WINDOW_FUNCTIONS + """
 -- KEYS: log, sum. ARGV: amount, limit, window_s, now, uid, ttl_ms
--- Returns {allowed (0|1), used, retry_after_s}.
+-- Returns {allowed (0|1), used, retry_after_s[, the added entry's member]}.
 local log, sum = KEYS[1], KEYS[2]
 local amount, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
 local window, now, ttl_ms = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[6]
@@ -72,6 +79,7 @@ if fits(used) then
   if amount > 0 then
     used = used + amount
     add(log, sum, now, ARGV[1], ARGV[5], used, ttl_ms)
+    return {1, fmt(used), '0', ARGV[1] .. ':' .. ARGV[5]}
   end
   return {1, fmt(used), '0'}
 end
@@ -92,12 +100,81 @@ end
 """
 
 RECORD = _WINDOW_FUNCTIONS + """
--- KEYS: log, sum. ARGV: amount, window_s, now, uid, ttl_ms. Adds unconditionally.
+-- KEYS: log, sum. ARGV: amount, window_s, now, uid, ttl_ms, replaces (a member or '').
+-- Adds unconditionally; first removes the member ``replaces`` if it is still in the window.
 local log, sum = KEYS[1], KEYS[2]
-local now, ttl_ms = tonumber(ARGV[3]), ARGV[5]
+local amount, now, ttl_ms = tonumber(ARGV[1]), tonumber(ARGV[3]), ARGV[5]
 local used = trim(log, sum, now - tonumber(ARGV[2]), ttl_ms)
-add(log, sum, now, ARGV[1], ARGV[4], used + tonumber(ARGV[1]), ttl_ms)
+if ARGV[6] ~= '' and redis.call('ZREM', log, ARGV[6]) == 1 then
+  used = used - amount_of(ARGV[6])
+  if redis.call('ZCARD', log) == 0 then
+    used = 0
+    redis.call('DEL', sum)
+  elseif amount <= 0 then
+    redis.call('SET', sum, fmt(used), 'KEEPTTL')
+  end
+end
+if amount > 0 then
+  add(log, sum, now, ARGV[1], ARGV[4], used + amount, ttl_ms)
+end
 return 1
+"""
+
+_RESERVED_FUNCTIONS = """
+local function fmt(x) return string.format('%.17g', x) end
+
+-- drop the reservations that expired at or before now; returns the live ones' sum
+local function expire(res, amt, held, now)
+  local total = tonumber(redis.call('GET', held) or '0')
+  local old = redis.call('ZRANGEBYSCORE', res, '-inf', now)
+  for i = 1, #old do
+    total = total - tonumber(redis.call('HGET', amt, old[i]) or '0')
+    redis.call('HDEL', amt, old[i])
+  end
+  if #old > 0 then redis.call('ZREMRANGEBYSCORE', res, '-inf', now) end
+  if redis.call('ZCARD', res) == 0 then
+    redis.call('DEL', res, amt, held)
+    return 0
+  end
+  if #old > 0 then redis.call('SET', held, fmt(total), 'KEEPTTL') end
+  return total
+end
+"""
+
+RESERVE_SPEND = _RESERVED_FUNCTIONS + """
+-- KEYS: total, reservations (sorted set: id -> expiry), amounts (hash: id -> usd), their
+-- sum. ARGV: usd, cap, now, ttl_s, id, ttl_ms. Returns 1 (reserved) or 0 (no room).
+local now = tonumber(ARGV[3])
+local held = expire(KEYS[2], KEYS[3], KEYS[4], now)
+local spent = tonumber(redis.call('GET', KEYS[1]) or '0')
+if spent + held >= tonumber(ARGV[2]) then return 0 end
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[4]), ARGV[5])
+redis.call('HSET', KEYS[3], ARGV[5], ARGV[1])
+redis.call('SET', KEYS[4], fmt(held + tonumber(ARGV[1])), 'PX', ARGV[6])
+redis.call('PEXPIRE', KEYS[2], ARGV[6])
+redis.call('PEXPIRE', KEYS[3], ARGV[6])
+return 1
+"""
+
+SETTLE_SPEND = _RESERVED_FUNCTIONS + """
+-- KEYS: as RESERVE_SPEND. ARGV: usd, ttl_ms of the total, id ('' = none).
+-- Drops the reservation (if still there) and adds usd to the total; returns the total.
+if ARGV[3] ~= '' then
+  local usd = redis.call('HGET', KEYS[3], ARGV[3])
+  if usd then
+    redis.call('HDEL', KEYS[3], ARGV[3])
+    redis.call('ZREM', KEYS[2], ARGV[3])
+    if redis.call('ZCARD', KEYS[2]) == 0 then
+      redis.call('DEL', KEYS[2], KEYS[3], KEYS[4])
+    else
+      local held = tonumber(redis.call('GET', KEYS[4]) or '0') - tonumber(usd)
+      redis.call('SET', KEYS[4], fmt(held), 'KEEPTTL')
+    end
+  end
+end
+local total = redis.call('INCRBYFLOAT', KEYS[1], ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return total
 """
 
 ACQUIRE = """

@@ -16,7 +16,9 @@ Layout (every key under the caller's ``prefix``, default ``"fleetgate:"``):
   (``lua.TAKE``/``lua.RECORD``: check-and-add is one atomic script).
 - ``{p}sem:{key}``: concurrency holds, a sorted set of hold ids scored by expiry
   (``lua.ACQUIRE``); ``release`` is a ZREM.
-- ``{p}usd:{key}:{period}``: spend total, INCRBYFLOAT + PEXPIRE in one MULTI/EXEC.
+- ``{p}usd:{key}:{period}``: spend total, INCRBYFLOAT + PEXPIRE in one MULTI/EXEC (or in
+  ``lua.SETTLE_SPEND``, which also drops a reservation); ``...:res`` / ``...:resamt`` /
+  ``...:ressum``: its reservations (``lua.RESERVE_SPEND``).
 
 Failure: the client is built with short socket timeouts, one retry after a connection error
 only (a stale pooled connection, ``connect``) and a blocking pool
@@ -188,6 +190,8 @@ class RedisLimits(_RedisBase):
         self._take = client.register_script(lua.TAKE)
         self._record = client.register_script(lua.RECORD)
         self._acquire = client.register_script(lua.ACQUIRE)
+        self._reserve_spend = client.register_script(lua.RESERVE_SPEND)
+        self._settle_spend = client.register_script(lua.SETTLE_SPEND)
         self._instance = uuid.uuid4().hex[:12]  # unique across replicas and restarts
         self._seq = itertools.count(1)
 
@@ -204,16 +208,18 @@ class RedisLimits(_RedisBase):
             keys=[log, log + ":sum"],
             args=[repr(float(amount)), repr(float(limit)), repr(float(window_s)),
                   repr(float(now)), self._uid(), _gc_ms(window_s)]))
-        return Verdict(bool(res[0]), float(res[1]), float(res[2]))
+        entry = res[3].decode() if len(res) > 3 else None
+        return Verdict(bool(res[0]), float(res[1]), float(res[2]), entry)
 
-    async def record(self, key: str, amount: float, window_s: float, now: float) -> None:
-        if amount <= 0:
+    async def record(self, key: str, amount: float, window_s: float, now: float,
+                     replaces: str | None = None) -> None:
+        if amount <= 0 and replaces is None:
             return
         log = f"{self.prefix}rl:{key}"
         await self._run(self._record(
             keys=[log, log + ":sum"],
             args=[repr(float(amount)), repr(float(window_s)), repr(float(now)), self._uid(),
-                  _gc_ms(window_s)]))
+                  _gc_ms(window_s), replaces or ""]))
 
     async def acquire(self, key: str, limit: int, ttl_s: float, now: float) -> str | None:
         hold_id = self._uid()
@@ -226,13 +232,28 @@ class RedisLimits(_RedisBase):
         await self._run(self.client.zrem(f"{self.prefix}sem:{key}", hold_id))
 
     # -- Budgets -----------------------------------------------------------------------
-    async def add_spend(self, key: str, usd: float, period_key: str, ttl_s: float) -> float:
+    async def add_spend(self, key: str, usd: float, period_key: str, ttl_s: float,
+                        settles: str | None = None) -> float:
         name = f"{self.prefix}usd:{key}:{period_key}"
+        ttl_ms = max(1, math.ceil(ttl_s * 1000))
+        if settles is not None:
+            total = await self._run(self._settle_spend(
+                keys=_spend_keys(name), args=[repr(float(usd)), ttl_ms, settles]))
+            return float(total)
         pipe = self.client.pipeline(transaction=True)
         pipe.incrbyfloat(name, usd)
-        pipe.pexpire(name, max(1, math.ceil(ttl_s * 1000)))
+        pipe.pexpire(name, ttl_ms)
         total, _ = await self._run(pipe.execute())
         return float(total)
+
+    async def reserve_spend(self, key: str, usd: float, period_key: str, cap: float,
+                            ttl_s: float, now: float) -> str | None:
+        name, hold_id = f"{self.prefix}usd:{key}:{period_key}", self._uid()
+        held = await self._run(self._reserve_spend(
+            keys=_spend_keys(name),
+            args=[repr(float(usd)), repr(float(cap)), repr(float(now)), repr(float(ttl_s)),
+                  hold_id, _gc_ms(ttl_s)]))
+        return hold_id if held == 1 else None
 
     async def spent(self, key: str, period_key: str) -> float:
         value = await self._run(self.client.get(f"{self.prefix}usd:{key}:{period_key}"))
@@ -240,6 +261,10 @@ class RedisLimits(_RedisBase):
 
     def _uid(self) -> str:
         return f"{self._instance}.{next(self._seq)}"
+
+
+def _spend_keys(name: str) -> list[str]:
+    return [name, name + ":res", name + ":resamt", name + ":ressum"]
 
 
 def _gc_ms(seconds: float) -> int:
