@@ -9,12 +9,15 @@ checked on real sockets.
 from __future__ import annotations
 
 import asyncio
+import gzip
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 import pytest
 
-from fleetgate.backends.http1 import HIGH_WATER, Http1Backend
+from fleetgate.backends import http1
+from fleetgate.backends.http1 import DECODED_PIECE, HIGH_WATER, Http1Backend
 from fleetgate.backends.relay import Timeouts, UpstreamError
 
 FAST = Timeouts(connect=2.0, read=2.0, total=10.0)
@@ -188,4 +191,70 @@ async def test_a_slow_reader_pauses_the_engine_socket(serve: Serve) -> None:
     resp = await client.post(srv.url, b"{}", {}, FAST)
     await asyncio.sleep(0.2)  # the engine writes everything; the client reads nothing
     assert await resp.read() == big  # all of it, in order, after pausing and resuming
+    await client.close()
+
+
+# -- issue 24: encodings, sizes and what a timeout says ----------------------------------
+async def test_a_gzip_answer_is_decoded_and_identity_is_asked_for(serve: Serve) -> None:
+    whole = gzip.compress(JSON)
+    stream = zlib.compressobj(wbits=31)
+    pieces = [stream.compress(b"data: 1\n\n") + stream.flush(zlib.Z_SYNC_FLUSH),
+              stream.compress(b"data: [DONE]\n\n") + stream.flush()]
+    srv = await serve(lambda k, _: plain(whole, b"content-encoding: gzip\r\n") if k == 0 else
+                      chunked(*pieces).replace(b"chunked\r\n", b"chunked\r\n"
+                                               b"content-encoding: gzip\r\n", 1))
+    client = Http1Backend()
+    resp = await client.post(srv.url, b"{}", {}, FAST)
+    assert await resp.read() == JSON and resp.received == len(whole)
+    assert b"accept-encoding: identity\r\n" in srv.requests[0]
+    resp = await client.post(srv.url, b"{}", {}, FAST)
+    assert b"".join([p async for p in resp.chunks()]) == b"data: 1\n\ndata: [DONE]\n\n"
+    resp.close()
+    assert srv.connections == 1  # both read to their end: one connection
+    await client.close()
+
+
+async def test_a_compression_bomb_inflates_one_piece_at_a_time(serve: Serve) -> None:
+    bomb = gzip.compress(b"a" * (8 * DECODED_PIECE))
+    srv = await serve(lambda k, _: plain(bomb, b"content-encoding: gzip\r\n"))
+    client = Http1Backend()
+    resp = await client.post(srv.url, b"{}", {}, FAST)
+    sizes = [len(p) async for p in resp.chunks()]
+    assert sum(sizes) == 8 * DECODED_PIECE and max(sizes) <= DECODED_PIECE
+    resp.close()
+    await client.close()
+
+
+@pytest.mark.parametrize("encoding", [b"br", b"gzip, gzip"])
+async def test_an_encoding_the_relay_cannot_read_is_a_protocol_failure(
+        serve: Serve, encoding: bytes) -> None:
+    srv = await serve(lambda k, _: plain(JSON, b"content-encoding: " + encoding + b"\r\n"))
+    client = Http1Backend()
+    with pytest.raises(UpstreamError) as caught:
+        await client.post(srv.url, b"{}", {}, FAST)
+    assert caught.value.kind == "protocol" and "content-encoding" in str(caught.value)
+    await client.close()
+
+
+async def test_a_whole_answer_over_the_cap_is_a_protocol_failure(
+        serve: Serve, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(http1, "MAX_ANSWER_BYTES", 1000)
+    srv = await serve(lambda k, _: plain(b"[" + b"1," * 1000 + b"1]"))
+    client = Http1Backend()
+    resp = await client.post(srv.url, b"{}", {}, FAST)
+    with pytest.raises(UpstreamError, match="over"):
+        await resp.read()
+    await client.close()
+
+
+async def test_timeouts_say_what_arrived(serve: Serve) -> None:
+    head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n"
+    srv = await serve(lambda k, _: None if k == 0 else head)
+    client = Http1Backend()
+    quick = Timeouts(connect=2.0, read=0.05, total=10.0)
+    with pytest.raises(UpstreamError, match=r"no answer headers within 0\.05 s"):
+        await client.post(srv.url, b"{}", {}, quick)
+    resp = await client.post(srv.url, b"{}", {}, quick)
+    with pytest.raises(UpstreamError, match=r"nothing for 0\.05 s after 5 bytes"):
+        await resp.read()
     await client.close()

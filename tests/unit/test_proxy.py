@@ -7,6 +7,7 @@ policy tries it first and the H100 second.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
@@ -17,7 +18,7 @@ from fleetgate.backends.fake import Answer, FakeBackend, Refuse
 from fleetgate.backends.relay import Timeouts
 from fleetgate.config import FleetConfig
 from fleetgate.gateway.decisions import DecisionLog
-from fleetgate.gateway.errors import NoCapacity, UpstreamTimeout
+from fleetgate.gateway.errors import NoCapacity, UpstreamFailed, UpstreamTimeout
 from fleetgate.gateway.proxy.apis import APIS
 from fleetgate.gateway.proxy.request import ProxyRequest
 from fleetgate.gateway.proxy.service import Generation, ProxyService
@@ -64,7 +65,8 @@ async def body_of(response: Any) -> bytes:
 
 async def test_a_refused_connection_fails_over_and_opens_the_breaker() -> None:
     backend = FakeBackend({FAST: [Refuse("connect")],
-                           SLOW: [Answer(200, b'{"model":"%s","usage":{}}' % SERVED.encode())]})
+                           SLOW: [Answer(200, b'{"model":"%s","choices":[],"usage":{}}'
+                                          % SERVED.encode())]})
     proxy, fleet = service(backend)
     response = await proxy.handle(request())
     assert response.headers["x-fleetgate-endpoint"] == "h100-0"
@@ -173,6 +175,65 @@ async def test_a_hung_engine_is_left_after_the_first_byte_deadline() -> None:
     assert b"hi" in await body_of(response)
     entry = proxy.decisions.latest(1)[0]
     assert [a["status"] for a in entry["attempts"]] == [504, 200]
-    assert "no first byte" in entry["attempts"][0]["error"]
+    assert "headers (HTTP 200) and 0 bytes but no complete first frame" in \
+        entry["attempts"][0]["error"]
     assert fleet.live.stats[0].breaker.consecutive_failures == 1
     assert fleet.live.value(0, "in_flight") == 0
+
+
+# -- issue 24: answers that are not the API's ----------------------------------------------
+WHOLE = b'{"model":"%s","choices":[{"message":{"content":"hi"}}],"usage":{}}' % SERVED.encode()
+
+
+@pytest.mark.parametrize("bad", [Answer(200, b"<html><body>oops</body></html>",
+                                        content_type="text/html"),
+                                 Answer(200, b"{}"), Answer(200, b'{"choices": ['),
+                                 Answer(200, b'{"error":{"message":"nope"}}')])
+async def test_a_whole_200_that_is_not_the_answer_is_retried_then_a_502(bad: Answer) -> None:
+    """Before the fix: relayed as 200 (the streamed request got 502 for the same answer)."""
+    backend = FakeBackend({FAST: [bad], SLOW: [Answer(200, WHOLE, content_type="text/plain")]})
+    proxy, _ = service(backend)
+    response = await proxy.handle(request())
+    assert response.headers["x-fleetgate-endpoint"] == "h100-0"
+    assert response.media_type == "application/json"  # whatever the engine called it
+    entry = proxy.decisions.latest(1)[0]
+    assert [a["status"] for a in entry["attempts"]] == [502, 200]
+    assert "not the API's answer" in entry["attempts"][0]["error"]
+    both = FakeBackend({FAST: [bad], SLOW: [bad]})
+    proxy, _ = service(both)
+    with pytest.raises(UpstreamFailed, match="not the API's answer"):
+        await proxy.handle(request())
+
+
+async def test_bytes_that_are_not_sse_are_dropped_from_a_stream() -> None:
+    """Before the fix: garbage and ``data: {broken json`` reached the client in the 200."""
+    noise = (b"\x00\xff garbage\n\n", b"data: {broken json\n\n",
+             b'junk\ndata: {"choices":[]}\n\n')
+    backend = FakeBackend({FAST: [Answer(200, chunks=(noise[0], CHUNK, *noise[1:], USAGE,
+                                                      DONE))]})
+    proxy, _ = service(backend)
+    body = await body_of(await proxy.handle(request(stream=True)))
+    frames = body.split(b"\n\n")[:-1]
+    assert frames[-1] == b"data: [DONE]" and b"garbage" not in body and b"broken" not in body
+    assert all(f.startswith(b"data: ") and orjson.loads(f[6:]) for f in frames[:-1])
+
+
+async def test_a_stream_of_nothing_but_garbage_is_retried_elsewhere() -> None:
+    backend = FakeBackend({FAST: [Answer(200, chunks=(b"<html>\n\n</html>\n\n",),
+                                         content_type="text/html")],
+                           SLOW: [Answer(200, chunks=(CHUNK, USAGE, DONE))]})
+    proxy, _ = service(backend)
+    response = await proxy.handle(request(stream=True))
+    assert response.headers["x-fleetgate-endpoint"] == "h100-0"
+    error = proxy.decisions.latest(1)[0]["attempts"][0]["error"]
+    assert "ended before its first frame (text/html" in error
+
+
+async def test_a_trickle_is_named_as_one() -> None:
+    """Before the fix: "no first byte within ..." although bytes had come."""
+    trickle = Answer(200, chunks=(b"da", b"ta"), hang=True)
+    backend = FakeBackend({FAST: [trickle], SLOW: [trickle]})
+    proxy, _ = service(backend, first_byte_s=0.05)
+    with pytest.raises(UpstreamTimeout, match=re.escape(
+            "sent headers (HTTP 200) and 4 bytes but no complete first frame within 0.1 s")):
+        await proxy.handle(request(stream=True))

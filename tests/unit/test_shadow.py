@@ -27,6 +27,8 @@ CHUNK = b'data: {"id":"c","model":"%s","choices":[{"delta":{"content":"hi"}}]}\n
 USAGE = (b'data: {"id":"c","model":"m","choices":[],"usage":{"prompt_tokens":3,'
          b'"completion_tokens":4,"total_tokens":7}}\n\n')
 STREAM = Answer(200, chunks=(CHUNK, CHUNK, USAGE, b"data: [DONE]\n\n"))
+WHOLE = Answer(200, orjson.dumps({"model": SERVED, "choices": [], "usage": {
+    "prompt_tokens": 3, "completion_tokens": 4}}))  # a non-streamed answer
 
 
 def proxy(backend: FakeBackend, fraction: float = 1.0, cap: float = 5.0
@@ -96,9 +98,9 @@ async def test_the_spend_cap_stops_mirroring() -> None:
 async def test_a_down_or_hung_candidate_changes_nothing_for_clients() -> None:
     hung = Answer(200, chunks=(), hang=True)
     for candidate in ([Refuse("connect")], [hung], [Answer(500, b'{"error":"boom"}')]):
-        backend = FakeBackend({SERVING: [STREAM], CANDIDATE: candidate})
+        backend = FakeBackend({SERVING: [STREAM, WHOLE], CANDIDATE: candidate})
         service, mirror, _ = proxy(backend)
-        for stream in (True, False):
+        for stream in (True, False):  # STREAM answers the first, WHOLE the second
             pool, body = await client_call(service, stream)
             assert pool == "h200" and body
         await mirror.drain()  # the hung copy ends at the policy's first-byte deadline
@@ -107,9 +109,7 @@ async def test_a_down_or_hung_candidate_changes_nothing_for_clients() -> None:
 
 
 async def test_a_fraction_mirrors_about_that_share() -> None:
-    backend = FakeBackend({SERVING: [Answer(200, orjson.dumps(
-        {"model": SERVED, "usage": {"prompt_tokens": 3, "completion_tokens": 4}}))],
-        CANDIDATE: [STREAM]})
+    backend = FakeBackend({SERVING: [WHOLE], CANDIDATE: [STREAM]})
     service, mirror, _ = proxy(backend, fraction=0.5)
     for _ in range(200):
         await client_call(service, stream=False)

@@ -14,7 +14,10 @@ import pytest
 from fleetgate.backends.sse import (
     DONE,
     DONE_FRAME,
+    MAX_FRAME_BYTES,
+    FrameTooLarge,
     SSEFramer,
+    checked,
     chunk_usage,
     frame_data,
     is_usage_only_chunk,
@@ -391,3 +394,41 @@ def test_chunk_usage_continuous_and_null() -> None:
     assert chunk_usage(b'{"choices":[],"usage":null}') is None
     assert chunk_usage(b'{"choices":[], "usage": null}') is None
     assert chunk_usage(b'{"choices":[{"delta":{"content":"\\"usage\\""}}]}') is None
+
+
+# -- issue 24: what is not SSE, and frames too large --------------------------------------
+@pytest.mark.parametrize(("frame", "relayed", "data"), [
+    (b'data: {"a":1}\n\n', b'data: {"a":1}\n\n', b'{"a":1}'),
+    (b"data: [DONE]\n\n", b"data: [DONE]\n\n", b"[DONE]"),
+    (b": keep-alive\n\n", b": keep-alive\n\n", None),
+    (b'event: x\ndata: {"a":1}\n\n', b'event: x\ndata: {"a":1}\n\n', b'{"a":1}'),
+    (b"data: {broken json\n\n", None, None),
+    (b"\x00\xff\xfe binary garbage\n\n", None, None),
+    (b"<html>not sse</html>\n\n", None, None),
+    (b'garbage line\ndata: {"a":1}\n\n', b'data: {"a":1}\n\n', b'{"a":1}'),
+    (b"event: x\ndata: {broken\n\n", b"event: x\n\n", None),
+    (b'data: {"a":\ndata: 1}\n\n', b'data: {"a":\ndata: 1}\n\n', b'{"a":\n1}'),
+])
+def test_checked_keeps_sse_and_drops_the_rest(frame: bytes, relayed: bytes | None,
+                                              data: bytes | None) -> None:
+    got = checked(frame)
+    if relayed is None:
+        assert got is None
+    else:
+        assert got == (relayed, data)
+
+
+def test_a_frame_past_the_cap_raises_and_a_long_one_is_joined_once() -> None:
+    framer = SSEFramer()
+    assert framer.feed(b'data: {"x":"' + b"a" * 100_000) == []  # past _LONG: kept in pieces
+    for _ in range(10):
+        assert framer.feed(b"a" * 100_000) == []
+    assert framer.feed(b'"}\r') == []
+    frames = framer.feed(b"\n\r\ndata: [DONE]\n\n")  # the end split across two pieces
+    assert len(frames) == 2 and frames[0].endswith(b'"}\n\n') and len(frames[0]) > 1_100_000
+    assert frames[1] == DONE_FRAME and framer.tail() == b""
+    huge = SSEFramer()
+    with pytest.raises(FrameTooLarge) as caught:
+        for _ in range(MAX_FRAME_BYTES // 65536 + 2):
+            huge.feed(b"a" * 65536)
+    assert caught.value.kind == "protocol" and "8 MiB" in str(caught.value)

@@ -50,6 +50,10 @@ class _Scripted:
         self.content_type = answer.content_type
         self.closed = False
 
+    @property
+    def received(self) -> int:
+        return sum(map(len, self.answer.chunks)) if self.answer.hang else 0
+
     async def read(self) -> bytes:
         if self.answer.cut:
             raise UpstreamError(self.answer.cut, f"scripted {self.answer.cut}")

@@ -20,6 +20,16 @@ to the same engine when the answer was read to its end.
   for the client, so a slow client slows the engine's socket, not the gateway's memory.
 - **Close**: ``close()`` on an answer not read to its end closes the connection, so the
   engine sees the disconnect and aborts the request (vLLM and SGLang both do).
+- **Encoding** (issue 24): requests say ``accept-encoding: identity`` (without it any coding
+  is acceptable, RFC 9110), and an answer compressed anyway (a proxy in front of the engine)
+  is decoded here: ``gzip``/``x-gzip``/``deflate`` with zlib, lazily as the body is read, at
+  most ``DECODED_PIECE`` bytes out per piece (a compression bomb inflates no faster than
+  the relay reads); any other coding is a ``protocol`` failure. The gateway rewrites the
+  model name and reads the usage, so it must see the bytes, and the client then gets them
+  plain, without a ``content-encoding``.
+- **Size**: a whole answer read with ``read()`` is at most ``MAX_ANSWER_BYTES`` (128 MiB,
+  room for a large embeddings batch in JSON); past it, a ``protocol`` failure. Streams are
+  bounded per frame (``sse.MAX_FRAME_BYTES``), not in total.
 
 Failures are ``UpstreamError``s with the same kinds as before: ``connect``, ``timeout``,
 ``protocol``.
@@ -32,8 +42,10 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
+import zlib
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
 import httptools
@@ -41,6 +53,9 @@ import httptools
 from fleetgate.backends.relay import Timeouts, UpstreamError, UpstreamResponse
 
 HIGH_WATER = 256 * 1024  # bytes waiting for the client before the engine's socket pauses
+DECODED_PIECE = 1024 * 1024  # at most this much decompressed out of one piece at a time
+MAX_ANSWER_BYTES = 128 * 1024 * 1024  # a whole (non-streamed) answer, decoded
+_DECODABLE = frozenset({b"gzip", b"x-gzip", b"deflate"})
 _Key = tuple[str, str, int]
 
 
@@ -68,7 +83,9 @@ class _Connection(asyncio.Protocol):
         self.read_s = 0.0
         self.last_data = 0.0
         self.watchdog: asyncio.TimerHandle | None = None
-        self._header_name = b""
+        self.received = 0  # body bytes of this answer so far, as sent (before decoding)
+        self.encoding = b""  # the answer's content-encoding, lower case
+        self.decoder: Any = None  # a zlib decompressor when the answer is compressed
 
     # -- asyncio.Protocol ----------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -94,14 +111,24 @@ class _Connection(asyncio.Protocol):
         lower = name.lower()
         if lower == b"content-type":
             self.content_type = value.decode("latin-1")
+        elif lower == b"content-encoding":
+            self.encoding = value.strip().lower()
 
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
         self.keep_alive = self.parser.should_keep_alive()
+        if self.encoding in _DECODABLE:
+            self.decoder = zlib.decompressobj(wbits=47)  # a gzip or zlib header, either
+        elif self.encoding not in (b"", b"identity"):
+            self._fail(UpstreamError("protocol", "upstream answered with content-encoding "
+                                     f"{self.encoding.decode('latin-1')!r}, not identity"))
+            self.close()
+            return
         if self.headers_done is not None and not self.headers_done.done():
             self.headers_done.set_result(None)
 
     def on_body(self, body: bytes) -> None:
+        self.received += len(body)
         self.pieces.append(body)
         self.buffered += len(body)
         if self.buffered > HIGH_WATER and not self.paused and self.transport is not None:
@@ -117,6 +144,7 @@ class _Connection(asyncio.Protocol):
     def start(self, request: bytes, read_s: float) -> asyncio.Future[None]:
         """Send one request; the future resolves when the answer's headers are in."""
         self.status, self.content_type, self.complete = 0, "application/json", False
+        self.received, self.encoding, self.decoder = 0, b"", None
         self.pieces.clear()
         self.buffered, self.got_bytes, self.failure = 0, False, None
         self.headers_done = self.loop.create_future()
@@ -137,7 +165,11 @@ class _Connection(asyncio.Protocol):
             return
         due = self.last_data + self.read_s
         if self.loop.time() >= due:
-            self._timed_out()
+            if not self.status:
+                self._timed_out(f"upstream sent no answer headers within {self.read_s:g} s")
+            else:
+                self._timed_out(f"upstream sent nothing for {self.read_s:g} s after "
+                                f"{self.received} bytes of its answer")
             return
         self.watchdog = self.loop.call_at(due, self._watch)
 
@@ -147,8 +179,29 @@ class _Connection(asyncio.Protocol):
             self.watchdog = None
 
     async def next_piece(self) -> bytes | None:
-        """The body that arrived since the last call (waiting for some), or None at the end
-        of the answer."""
+        """The body that arrived since the last call (waiting for some), decoded, or None at
+        the end of the answer."""
+        while True:
+            piece = await self._next_raw()
+            decoder = self.decoder
+            if decoder is None:
+                return piece
+            try:
+                if piece is None:
+                    self.decoder = None
+                    return decoder.flush() or None
+                out = decoder.decompress(piece, DECODED_PIECE)
+            except zlib.error as exc:
+                raise UpstreamError("protocol", f"upstream sent a bad {self.encoding!r} "
+                                                f"body: {exc}") from None
+            tail = decoder.unconsumed_tail
+            if tail:  # more than one piece's worth: the rest on the next call
+                self.pieces.appendleft(tail)
+                self.buffered += len(tail)
+            if out:
+                return out
+
+    async def _next_raw(self) -> bytes | None:
         while not self.pieces:
             if self.failure is not None:
                 raise self.failure
@@ -171,9 +224,13 @@ class _Connection(asyncio.Protocol):
             self.transport.resume_reading()
         return piece
 
-    def _timed_out(self) -> None:
-        self._fail(UpstreamError("timeout", "upstream timed out"))
+    def _timed_out(self, message: str = "upstream timed out") -> None:
+        self._fail(UpstreamError("timeout", message))
         self.close()
+
+    def total_passed(self, total_s: float) -> None:
+        self._timed_out(f"upstream answer not complete within {total_s:g} s "
+                        f"({self.received} bytes of it received)")
 
     def _fail(self, error: UpstreamError) -> None:
         if self.failure is None:
@@ -198,6 +255,11 @@ class _Response:
 
     __slots__ = ("_backend", "_conn", "_deadline", "_done", "content_type", "status")
 
+    @property
+    def received(self) -> int:
+        """Body bytes of the answer so far, as the engine sent them."""
+        return self._conn.received
+
     def __init__(self, backend: Http1Backend, conn: _Connection,
                  deadline: asyncio.TimerHandle) -> None:
         self._backend, self._conn, self._deadline = backend, conn, deadline
@@ -206,9 +268,13 @@ class _Response:
         self.content_type = conn.content_type
 
     async def read(self) -> bytes:
-        parts = []
+        parts, size = [], 0
         try:
             while (piece := await self._conn.next_piece()) is not None:
+                size += len(piece)
+                if size > MAX_ANSWER_BYTES:
+                    raise UpstreamError("protocol", f"upstream answer over "
+                                                    f"{MAX_ANSWER_BYTES >> 20} MiB")
                 parts.append(piece)
         finally:
             self.close()
@@ -254,7 +320,7 @@ class Http1Backend:
                 continue
             if conn is None:
                 conn = await self._connect(key, timeouts.connect)
-            deadline = loop.call_later(timeouts.total, conn._timed_out)
+            deadline = loop.call_later(timeouts.total, conn.total_passed, timeouts.total)
             try:
                 await conn.start(request, timeouts.read)
             except UpstreamError:
@@ -324,7 +390,8 @@ class Http1Backend:
             authority = host if port == default else f"{host}:{port}"
             if ":" in host and not host.startswith("["):
                 authority = f"[{host}]" if port == default else f"[{host}]:{port}"
-            head = f"POST {path} HTTP/1.1\r\nhost: {authority}\r\n".encode("latin-1")
+            head = (f"POST {path} HTTP/1.1\r\nhost: {authority}\r\n"
+                    "accept-encoding: identity\r\n").encode("latin-1")
             self._heads[(key, path)] = head
         return head
 

@@ -6,7 +6,20 @@ this module splits a byte stream into whole frames and reads a frame's payload w
 building more than it must. Fast paths are byte checks; JSON is decoded only for the rare
 frames that carry an error or usage.
 
-May touch: bytes and orjson. Must not touch: HTTP, routing, config.
+A hostile or broken engine (issue 24) is held to the format:
+
+- **Frame size**: a frame still unterminated past ``MAX_FRAME_BYTES`` (8 MiB: a Responses
+  ``response.completed`` event repeats the whole answer, so frames can be large, but
+  not that large) raises ``FrameTooLarge``, an ``UpstreamError`` of kind ``protocol``: the
+  relay treats it as a broken stream. A long partial frame is kept as a list of pieces
+  and joined once, when its end arrives (no quadratic re-copying).
+- **Not SSE**: ``checked`` keeps a frame's ``data:``, ``event:``, ``id:``, ``retry:`` and
+  comment lines and drops any other line (garbage bytes, an HTML page); a ``data`` payload
+  that is not JSON by its first and last byte (``{...}`` / ``[...]``, or ``[DONE]``) is
+  dropped too (``data: {broken json``). It is a byte check, not a parse: a payload broken
+  inside its braces still passes (a full parse per frame would cost the fast path).
+
+May touch: bytes and orjson, the relay's error type. Must not touch: HTTP, routing, config.
 """
 
 from __future__ import annotations
@@ -16,21 +29,45 @@ from typing import Any
 
 import orjson
 
+from fleetgate.backends.relay import UpstreamError
+
 DONE = b"[DONE]"
 DONE_FRAME = b"data: [DONE]\n\n"
+MAX_FRAME_BYTES = 8 * 1024 * 1024
+_LONG = 64 * 1024  # a partial frame this long is kept in pieces, joined once at its end
+
+
+class FrameTooLarge(UpstreamError):
+    def __init__(self, size: int) -> None:
+        super().__init__("protocol", f"the engine sent an SSE frame over "
+                                     f"{MAX_FRAME_BYTES // (1024 * 1024)} MiB ({size} bytes "
+                                     "without its end)")
 
 
 class SSEFramer:
     """Incrementally splits a byte stream into complete SSE frames (blank-line terminated)."""
 
-    __slots__ = ("_buf",)
+    __slots__ = ("_buf", "_parts", "_size")
 
     def __init__(self) -> None:
         self._buf = b""
+        self._parts: list[bytes] = []  # a long partial frame, in pieces
+        self._size = 0
 
     def feed(self, chunk: bytes) -> list[bytes]:
         """Return the complete frames now available, each with its terminating blank line."""
-        buf = self._buf + chunk if self._buf else chunk
+        if self._parts:
+            edge = self._parts[-1][-3:] + chunk[:3]
+            self._parts.append(chunk)
+            self._size += len(chunk)
+            if b"\n\n" not in chunk and b"\n\n" not in edge and b"\n\r\n" not in edge \
+                    and b"\n\r\n" not in chunk:
+                if self._size > MAX_FRAME_BYTES:
+                    raise FrameTooLarge(self._size)
+                return []
+            buf, self._parts, self._size = b"".join(self._parts), [], 0
+        else:
+            buf = self._buf + chunk if self._buf else chunk
         if b"\r" in buf:
             buf = buf.replace(b"\r\n", b"\n")
         frames: list[bytes] = []
@@ -41,12 +78,18 @@ class SSEFramer:
                 break
             frames.append(buf[start : end + 2])
             start = end + 2
-        self._buf = buf[start:]
+        rest = buf[start:]
+        if len(rest) > _LONG:
+            if len(rest) > MAX_FRAME_BYTES:
+                raise FrameTooLarge(len(rest))
+            self._buf, self._parts, self._size = b"", [rest], len(rest)
+        else:
+            self._buf = rest
         return frames
 
     def tail(self) -> bytes:
         """Bytes of an unterminated last frame (non-empty only if the stream was cut)."""
-        return self._buf
+        return b"".join(self._parts) if self._parts else self._buf
 
 
 def frame_data(frame: bytes) -> bytes | None:
@@ -59,6 +102,43 @@ def frame_data(frame: bytes) -> bytes | None:
             value = line[5:]
             parts.append(value[1:] if value.startswith(b" ") else value)
     return b"\n".join(parts) if parts else None
+
+
+_FIELDS = (b"data:", b"event:", b"id:", b"retry:", b":")
+
+
+def _json_like(data: bytes) -> bool:
+    return (data[:1] == b"{" and data[-1:] == b"}") or data == DONE or \
+        (data[:1] == b"[" and data[-1:] == b"]")
+
+
+def checked(frame: bytes) -> tuple[bytes, bytes | None] | None:
+    """The frame as it may be relayed and its data payload (None: a comment or event-only
+    frame), or None when nothing in it is SSE (module doc: lines that are not SSE and data
+    that is not JSON are dropped)."""
+    if frame.startswith(b"data: ") and frame.count(b"\n") == 2:  # the common frame
+        line = frame[6:-2]
+        return (frame, line) if _json_like(line) else None
+    kept: list[bytes] = []
+    parts: list[bytes] = []
+    dropped = False
+    for line in frame.split(b"\n"):
+        if not line:
+            continue
+        if not line.startswith(_FIELDS):
+            dropped = True
+            continue
+        if line.startswith(b"data:"):
+            value = line[5:]
+            parts.append(value[1:] if value.startswith(b" ") else value)
+        kept.append(line)
+    data: bytes | None = b"\n".join(parts) if parts else None
+    if data is not None and not _json_like(data):
+        kept = [line for line in kept if not line.startswith(b"data:")]
+        data, dropped = None, True
+    if not kept:
+        return None
+    return (b"\n".join(kept) + b"\n\n" if dropped else frame), data
 
 
 @dataclass(frozen=True, slots=True)

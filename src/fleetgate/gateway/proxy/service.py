@@ -47,6 +47,7 @@ from fleetgate.gateway.errors import (
 )
 from fleetgate.gateway.errors import normalise_upstream_error as normalise
 from fleetgate.gateway.proxy.admission import FlowControl
+from fleetgate.gateway.proxy.answer import first_byte_timeout, whole_answer
 from fleetgate.gateway.proxy.attempt import Attempt
 from fleetgate.gateway.proxy.observer import NOOP, Observer, RequestObserver
 from fleetgate.gateway.proxy.outcome import (
@@ -215,8 +216,7 @@ class ProxyService:
         except TimeoutError:
             if resp is not None:
                 resp.close()
-            raise RetryableFailure(504, f"{ep.id}: no first byte within {limit:.1f} s "
-                                        "(hung engine?)") from None
+            raise first_byte_timeout(ep.id, limit, resp, req.routing.stream) from None
 
     def _room(self, routing: RoutingRequest) -> int | None:
         gen = self._generation()
@@ -241,8 +241,7 @@ class ProxyService:
         except TimeoutError:  # only asyncio.timeout's: the relay turns its own into 504s
             if resp is not None:
                 resp.close()
-            raise RetryableFailure(504, f"{ep.id}: no first byte within {limit:.1f} s "
-                                        "(hung engine?)") from None
+            raise first_byte_timeout(ep.id, limit, resp, req.routing.stream) from None
 
     async def _answer(self, ex: Exchange, attempt: Attempt, resp: UpstreamResponse) -> Response:
         ep, req = attempt.ep, ex.req
@@ -334,14 +333,7 @@ async def _relay_body(resp: UpstreamResponse, ex: Exchange, attempt: Attempt,
         raw = await resp.read()
     except UpstreamError as exc:
         raise transport_failure(exc, attempt.ep.id) from None
-    attempt.finished(ex.req.api.usage(_usage(raw)))
+    answer = whole_answer(ex.req.api.name, raw, attempt.ep.id, resp.content_type)
+    attempt.finished(ex.req.api.usage(answer.get("usage")))
     return Response(rewrite(raw), status_code=200, headers=headers,
-                    media_type=resp.content_type)
-
-
-def _usage(raw: bytes) -> dict[str, Any] | None:
-    try:
-        usage = orjson.loads(raw).get("usage")
-    except (orjson.JSONDecodeError, AttributeError):
-        return None
-    return usage if isinstance(usage, dict) else None
+                    media_type="application/json")

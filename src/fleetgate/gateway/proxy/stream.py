@@ -7,6 +7,14 @@ frames go out as they come (the model name rewritten, the usage chunk dropped if
 did not ask for it). A stream ended well is one whose API end marker (``[DONE]``,
 ``response.completed``, ``message_stop``) arrived.
 
+**What is not SSE is not relayed** (issue 24): every frame goes through ``sse.checked``;
+lines that are not SSE (garbage bytes, an HTML page) and data that is not JSON
+(``data: {broken json``) are dropped, with one warning per stream naming the endpoint and
+showing the first such bytes. A stream whose only answer is such bytes ends like a stream
+that broke: before its first valid data frame, a retryable 502 (another endpoint is tried);
+after it, without its end marker, the error event and ``[DONE]`` (or a resume). A frame
+over ``sse.MAX_FRAME_BYTES`` is a broken stream the same way.
+
 **Mid-stream resume (migration).** When a chat or completions stream breaks after its first
 byte (the engine died, the connection broke, the stream ended without ``[DONE]``) and the
 policy allows it (``resume_streams``, on by default), the generation continues on the next
@@ -53,7 +61,7 @@ from fleetgate.backends.sse import (
     DONE_FRAME,
     SSEFramer,
     StreamError,
-    frame_data,
+    checked,
     is_usage_only_chunk,
     stream_error,
 )
@@ -93,17 +101,22 @@ async def read_opening(resp: UpstreamResponse, attempt: Attempt
     framer = SSEFramer()
     chunks = resp.chunks()
     first: list[bytes] = []
+    data: bytes | None = None
     try:
-        while not any(frame_data(f) is not None for f in first):
-            first.extend(framer.feed(await anext(chunks)))
+        while data is None:
+            frames = framer.feed(await anext(chunks))
+            first.extend(frames)
+            data = next((got[1] for got in map(checked, frames)
+                         if got is not None and got[1] is not None), None)
     except StopAsyncIteration:
         resp.close()
-        raise RetryableFailure(502, f"{attempt.ep.id}: stream ended before its first frame") \
-            from None
+        raise RetryableFailure(502, f"{attempt.ep.id}: the stream ended before its first "
+                                    f"frame ({resp.content_type or 'no content-type'}, "
+                                    f"{resp.received} bytes, none of them an SSE data frame)"
+                               ) from None
     except UpstreamError as exc:
         resp.close()
         raise transport_failure(exc, attempt.ep.id) from None
-    data = next(d for d in map(frame_data, first) if d is not None)
     err = stream_error(data)
     if err is not None:
         resp.close()
@@ -168,6 +181,7 @@ class StreamRelay:
         self.ident: dict[str, Any] = {}
         self.usage_relayed = False
         self.billed: dict[str, int] | None = None  # the stitched usage, for the observers
+        self.dropped = 0  # bytes of the engine's stream that were not SSE (module doc)
 
     def abandon_unstarted(self, resp: UpstreamResponse,
                           obs: RequestObserver) -> Callable[[], None]:
@@ -186,7 +200,13 @@ class StreamRelay:
             return self._transform_continued(frames)
         out = []
         for frame in frames:
-            data = frame_data(frame)
+            got = checked(frame)
+            if got is None:
+                self._drop(frame)
+                continue
+            if got[0] is not frame:
+                self._drop(frame)
+            frame, data = got
             if data is None:
                 out.append(frame)  # comment / keep-alive
                 continue
@@ -209,6 +229,13 @@ class StreamRelay:
             else:
                 out.append(self.rewrite(frame))
         return b"".join(out)
+
+    def _drop(self, frame: bytes) -> None:
+        """A frame (or lines of one) that is not SSE: dropped, one warning per stream."""
+        if not self.dropped:
+            log.warning("stream from %s: dropped bytes that are not SSE: %r",
+                        self.attempt.ep.id, frame[:120])
+        self.dropped += len(frame)
 
     def _maybe_first_token(self, data: bytes) -> None:
         if self.api.output_marker is None or self.api.output_marker in data:
@@ -398,7 +425,11 @@ class StreamRelay:
         out = []
         chat = self.api.name == "chat"
         for frame in frames:
-            data = frame_data(frame)
+            got = checked(frame)
+            if got is None:
+                self._drop(frame)
+                continue
+            frame, data = got
             if data is None:
                 out.append(frame)
                 continue
@@ -411,7 +442,7 @@ class StreamRelay:
             try:
                 obj = orjson.loads(data)
             except orjson.JSONDecodeError:
-                out.append(frame)
+                self._drop(frame)
                 continue
             if not isinstance(obj, dict) or "error" in obj:
                 out.append(self.rewrite(frame))
