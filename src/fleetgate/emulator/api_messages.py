@@ -60,6 +60,8 @@ def anthropic_error(status: int, message: str, engine: str) -> Json:
 def parse_messages(
     body: dict[str, Any], headers: Mapping[str, str], limits: EngineLimits, created: int
 ) -> tuple[ParsedRequest, MessagesSession]:
+    from fleetgate.emulator.api_validation import validate_body  # it imports this module
+
     engine = limits.engine
     for field in ("model", "messages", "max_tokens"):
         if field not in body:
@@ -70,6 +72,7 @@ def parse_messages(
             raise EngineError(400, f"{field}: Field required", "invalid_request_error")
     if not isinstance(body["max_tokens"], int) or body["max_tokens"] <= 0:
         raise EngineError(400, "max_tokens must be positive", "invalid_request_error")
+    validate_body("messages", body, engine)
     messages = _messages(body)
     chat: dict[str, Any] = {"model": body["model"], "messages": messages,
                             "max_tokens": body["max_tokens"], "stream": bool(body.get("stream"))}

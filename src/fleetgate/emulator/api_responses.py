@@ -36,6 +36,7 @@ from typing import Any
 
 import orjson
 
+from fleetgate.emulator.api_validation import validate_body
 from fleetgate.emulator.formats import Json
 from fleetgate.emulator.parsing import (
     EngineError,
@@ -56,6 +57,7 @@ def parse_responses(
     engine = limits.engine
     if "input" not in body:
         raise _missing("input", engine)
+    validate_body("responses", body, engine)
     messages = _messages(body)
     model = body.get("model")
     if engine == "sglang" and model is not None and model not in limits.served_models:

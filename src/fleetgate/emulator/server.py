@@ -51,6 +51,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from fleetgate.catalog.roofline import kv_capacity_tokens
+from fleetgate.emulator.api_validation import validate_body
 from fleetgate.emulator.apis import ApiRoutes
 from fleetgate.emulator.config import EmulatorConfig
 from fleetgate.emulator.faults import FaultMiddleware, FaultPatch, FaultState
@@ -139,6 +140,7 @@ class EmulatedEngine:
         self.log.record(request, raw)
         try:
             body = decode_body(raw, self.engine)
+            validate_body(kind, body, self.engine)  # the engine's 400 for a wrong-typed field
             plan = None
             if kind == "chat":
                 seed = body_seed(body.get("messages"), body.get("tools"),
