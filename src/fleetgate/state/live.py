@@ -266,8 +266,15 @@ class LiveFleet:
         if not counts_against_engine:
             self._no_verdict(i)
             return
+        self.on_blame(i, now)
+
+    def on_blame(self, i: int, now: float, source: str | None = None) -> None:
+        """The breaker's verdict on a failure: the engine's (``source`` None), or a suspect
+        one from ``source`` whose slot was already freed (``state/breaker.py``)."""
+        st = self.stats[i]
+        if not st.breaker.on_failure(now, source):
+            return  # the same tenant again: neither the breaker nor the error rate moves
         self._ewma("error_rate", i, 1.0)
-        st.breaker.on_failure(now)
         if st.breaker.state == "open":
             self._live[_ROW["block_until"], i] = st.breaker.opened_at + st.breaker.cooldown_s
             self._derive_usable(i)

@@ -16,8 +16,11 @@ The prompt's text (each message's role and text parts, in order) is also cut int
 chunk hashes for the ``prefix_cache`` scorer and the prefix index (``routing/plugins/
 prefix_cache.py``): about 1 µs per KB of prompt, so it is done for every generative request.
 
-Fields the gateway does not know (``tools``, ``response_format``, ``top_k``, ...) are
-forwarded untouched.
+The typed fields of each API's public schema (``tools``, ``tool_choice``,
+``response_format``, ``n``, ``stop``, sampling parameters, each message's role and content
+parts) are checked for their type and bounds by ``fields.py`` (400 with ``param``); fields
+no published schema defines (``top_k``, ``chat_template_kwargs``, ...) are forwarded
+untouched.
 
 May touch: starlette Request, orjson, gateway errors. Must not touch: backends.
 """
@@ -32,6 +35,7 @@ from typing import Any
 import orjson
 from starlette.requests import Request
 
+from fleetgate.gateway.api.fields import anthropic_message, chat_message, check_fields
 from fleetgate.gateway.errors import BadRequest, PayloadTooLarge, RequestTimeout
 from fleetgate.gateway.proxy.apis import APIS
 from fleetgate.routing import RoutingRequest
@@ -136,6 +140,7 @@ def routing_request(api: str, body: dict[str, Any], headers: Mapping[str, str],
     if api == "messages" and max_tokens is None:
         raise BadRequest("'max_tokens' is required", param="max_tokens")
     user = _typed(body, "user", str, None)
+    check_fields(api, body)
     return RoutingRequest(
         model=model,
         api=api,
@@ -175,20 +180,24 @@ def _max_tokens(body: dict[str, Any], keys: tuple[str, ...]) -> int | None:
     return None
 
 
-def _chat_chars(body: dict[str, Any], key: str = "messages") -> int:
-    messages = body.get(key)
+def _chat_chars(body: dict[str, Any], check: Callable[[dict[str, Any], str], None] = chat_message
+                ) -> int:
+    messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise BadRequest(f"'{key}' is required and must be a non-empty array", param=key)
+        raise BadRequest("'messages' is required and must be a non-empty array",
+                         param="messages")
     total = 0
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
-            raise BadRequest(f"{key}[{i}] must be an object with a 'role'", param=f"{key}[{i}]")
+            raise BadRequest(f"messages[{i}] must be an object with a 'role'",
+                             param=f"messages[{i}]")
+        check(msg, f"messages[{i}]")
         total += _content_chars(msg.get("content"))
     return total
 
 
 def _messages_chars(body: dict[str, Any]) -> int:
-    return _chat_chars(body) + _content_chars(body.get("system"))
+    return _chat_chars(body, anthropic_message) + _content_chars(body.get("system"))
 
 
 def _prompt_chars(body: dict[str, Any], key: str = "prompt") -> int:

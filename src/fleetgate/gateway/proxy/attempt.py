@@ -7,7 +7,11 @@ known, so TPOT is (e2e - predicted TTFT) / (tokens - 1). Each measurement is als
 with the uncorrected prior for the conditions this request met (``state/learning.py``),
 which is how the prior learns.
 
-Exactly one of ``finished`` / ``failed`` / ``cancelled`` takes effect per attempt.
+Exactly one of ``finished`` / ``failed`` / ``suspected`` / ``cancelled`` takes effect per
+attempt. ``failed`` is the engine's failure (the breaker counts it); ``suspected`` a failure
+this request may have caused (an engine 5xx): the slot is freed with no verdict, and the
+service judges it later with ``blame`` once another endpoint has answered the same request
+(``outcome.settle``; the rule is in ``state/breaker.py``).
 
 May touch: state (the live fleet), the observer seam. Must not touch: HTTP.
 """
@@ -41,6 +45,7 @@ class Attempt:
     released: Callable[[], None]  # after the live state has seen the end
     in_flight_at_start: float = 1.0
     predicted_e2e_s: float | None = None
+    source: str = ""  # who sent the request (the tenant; "" on an open gateway)
     first_at: float | None = None
     ended: bool = False
 
@@ -58,7 +63,8 @@ class Attempt:
                                         decision.slo_limits(position), routing.prefix_hashes)
         return cls(fleet.live, i, ep, served, fleet.clock, now, ttft, sample,
                    ex.obs.attempt(ep, served, number), ex.released,
-                   fleet.live.value(i, "in_flight"), decision.estimate("e2e_s", position))
+                   fleet.live.value(i, "in_flight"), decision.estimate("e2e_s", position),
+                   source=routing.tenant or "")
 
     def first_token(self) -> None:
         self.first_at = self.clock()
@@ -94,6 +100,18 @@ class Attempt:
             self.live.on_failure(self.i, self.clock(), counts_against_engine)
             self.released()
             self.observer.failed(status, error)
+
+    def suspected(self, status: int, error: str) -> None:
+        """Failed in a way this request may have caused: freed now, judged by ``blame``."""
+        if self._end():
+            self.live.on_failure(self.i, self.clock(), counts_against_engine=False)
+            self.released()
+            self.observer.failed(status, error)
+
+    def blame(self, engine_fault: bool) -> None:
+        """The verdict on a ``suspected`` failure: the engine's (``engine_fault``: the same
+        request succeeded on the same engine and model elsewhere), else once per source."""
+        self.live.on_blame(self.i, self.clock(), None if engine_fault else self.source)
 
     def cancelled(self) -> None:
         if self._end():

@@ -1,12 +1,14 @@
 """ProxyService: route a request, relay it to the chosen engine, fail over before byte one.
 
 The request path (docs/architecture.md): the router ranks endpoints; this service tries
-them in order. What may be retried elsewhere is decided in one place (``outcome.py``); once
-a stream has started nothing is retried, except that a chat or completions stream broken
-mid-way is continued on the next candidate (``resume``; stream.py says how) where its policy
-allows it (``resume_streams``); otherwise an upstream failure ends it with an error event
-in the API's own shape (``apis.py``). Every API (chat, completions, responses, messages,
-embeddings) takes this path; they differ only in data.
+them in order. What may be retried elsewhere, and what counts against an engine's breaker,
+is decided in one place (``outcome.py``): an engine 5xx that the request itself may have
+caused is tried once more elsewhere, and failing there too makes it a poison request that
+no breaker counts; once a stream has started nothing is retried, except that a chat or
+completions stream broken mid-way is continued on the next candidate (``resume``; stream.py
+says how) where its policy allows it (``resume_streams``); otherwise an upstream failure
+ends it with an error event in the API's own shape (``apis.py``). Every API (chat,
+completions, responses, messages, embeddings) takes this path; they differ only in data.
 
 Admission (``admission.py``, ``state/admission.py``): when every endpoint serving the model
 is past its SLO capacity, a high-priority request goes to the fastest endpoint at once;
@@ -53,8 +55,12 @@ from fleetgate.gateway.proxy.observer import NOOP, Observer, RequestObserver
 from fleetgate.gateway.proxy.outcome import (
     RETRYABLE_STATUS,
     RetryableFailure,
+    SuspectFailure,
     client_status,
+    engine_failure,
     exhausted,
+    poison,
+    settle,
     transport_failure,
 )
 from fleetgate.gateway.proxy.request import ProxyRequest
@@ -138,25 +144,37 @@ class ProxyService:
             raise NoCapacity(f"no endpoint can serve model {req.routing.model!r} now "
                              f"({decision.reason})")
         last: RetryableFailure | None = None
+        suspects: list[Attempt] = []  # failed in a way this request may have caused
         attempts = decision.attempts(gen.max_attempts.get(decision.policy, 3))
         for number, (position, _) in enumerate(attempts):
             attempt = Attempt.start(ex, position, number)
             try:
                 response = await self._relay(ex, attempt)
-                ex.entry.attempts.append({"endpoint": attempt.ep.id,
-                                          "status": response.status_code})
-                return response
             except RetryableFailure as exc:
-                attempt.failed(exc.status, exc.message)
                 log.warning("attempt on %s failed (%s): %s", attempt.ep.id, exc.status,
                             exc.message)
                 ex.entry.attempts.append({"endpoint": attempt.ep.id, "status": exc.status,
                                           "error": exc.message})
                 last = exc
+                if not isinstance(exc, SuspectFailure):
+                    attempt.failed(exc.status, exc.message)
+                    continue
+                attempt.suspected(exc.status, exc.message)
+                if suspects:  # a second endpoint failed the same way: a poison request
+                    ex.entry.attempts[-1]["poison"] = True
+                    raise poison(exc, len(suspects) + 1) from None
+                suspects.append(attempt)
+                continue
             except BaseException:
                 attempt.cancelled()
+                settle(suspects, None, None)
                 raise
+            ex.entry.attempts.append({"endpoint": attempt.ep.id,
+                                      "status": response.status_code})
+            settle(suspects, response.status_code, attempt)
+            return response
         assert last is not None
+        settle(suspects, None, None)  # no second opinion: counted once per tenant
         raise exhausted(last, len(attempts))
 
     async def _resume(self, ex: Exchange, body: dict[str, Any], tried: set[str],
@@ -322,6 +340,8 @@ async def _relay_error(resp: UpstreamResponse, attempt: Attempt,
     message = str(body["error"]["message"])
     if resp.status in RETRYABLE_STATUS:
         raise RetryableFailure(resp.status, f"{attempt.ep.id}: HTTP {resp.status}: {message}")
+    if engine_failure(resp.status):  # judged once another endpoint has answered (outcome.py)
+        raise SuspectFailure(502, f"{attempt.ep.id}: HTTP {resp.status}: {message}")
     status = client_status(resp.status)
     attempt.failed(status, message, counts_against_engine=status == 502)
     return json_error(status, body, headers)
