@@ -389,3 +389,42 @@ async def test_defect_15_a_reused_request_id_leaks_no_concurrency_hold(tmp_path:
                                                       json=body, headers=headers)
                                           for _ in range(2)))
             assert all(r.status_code in (502, 503) for r in pair)  # no engine; never a 429
+
+
+# -- issue 24 item 7: the API document behind the admin key --------------------------------
+async def test_issue24_7_docs_need_the_admin_key_when_auth_is_on(tmp_path: Path) -> None:
+    """Before: /docs, /openapi.json and /docs/oauth2-redirect answered anyone, listing every
+    admin path."""
+    paths = ("/docs", "/openapi.json", "/docs/oauth2-redirect")
+    async with inproc_gateway({**NO_ENGINE, **AUTH}, tmp_path) as (url, _), \
+            httpx.AsyncClient(timeout=30) as client:
+        for path in paths:
+            anonymous = await client.get(url + path)
+            assert anonymous.status_code == 401, path
+            assert anonymous.json()["error"]["type"] == "authentication_error"
+            tenant = await client.get(url + path, headers={"authorization": f"Bearer {API}"})
+            assert tenant.status_code == 403, path
+        doc = await client.get(url + "/openapi.json",
+                               headers={"authorization": f"Bearer {ADMIN}"})
+        assert doc.status_code == 200 and "/admin/endpoints" in doc.json()["paths"]
+    async with inproc_gateway(NO_ENGINE, tmp_path) as (url, _), \
+            httpx.AsyncClient(timeout=30) as client:
+        assert (await client.get(url + "/openapi.json")).status_code == 200  # open gateway
+
+
+# -- issue 24 item 8: a WebSocket upgrade gets the envelope ---------------------------------
+async def test_issue24_8_a_websocket_upgrade_gets_the_openai_envelope(tmp_path: Path) -> None:
+    """Before: 403 with an empty body."""
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import InvalidStatus
+
+    async with inproc_gateway(NO_ENGINE, tmp_path) as (url, _):
+        for path, status in (("/v1/chat/completions", 405), ("/v1/realtime", 404)):
+            with pytest.raises(InvalidStatus) as caught:
+                async with connect(url.replace("http://", "ws://") + path):
+                    pass
+            response = caught.value.response
+            assert response.status_code == status, path
+            error = orjson.loads(response.body)["error"]
+            assert set(error) == {"message", "type", "param", "code"} and error["message"]
+            assert response.headers["content-type"] == "application/json"

@@ -7,7 +7,9 @@ them in reverse. Nothing is global: tests build as many apps as they like, with 
 ``Overrides`` replacing parts. Telemetry (``telemetry/``) is built here too and hangs on
 ``app.state.telemetry``; its tracer provider is flushed and shut down with the app.
 
-FastAPI serves ``/openapi.json`` and ``/docs``. The admin, registration, health and metrics
+FastAPI serves ``/openapi.json`` and ``/docs`` (behind the admin key when auth is on, as
+the admin API they describe). A WebSocket upgrade gets the OpenAI envelope too
+(``refuse_websocket``). The admin, registration, health and metrics
 routes are typed FastAPI routes (their models are in the document). The five OpenAI proxy
 routes are plain Starlette routes inside the same app, so the hot path reads the raw body
 and answers directly, with no per-request validation; ``_openapi`` adds their request
@@ -33,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+import orjson
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
@@ -142,7 +145,31 @@ class GatewayApp(FastAPI):
                 scope["app"] = self
                 await _proxy_route(scope, receive, send, api)
                 return
+        if scope["type"] == "websocket":
+            await refuse_websocket(scope, receive, send)
+            return
         await super().__call__(scope, receive, send)
+
+
+async def refuse_websocket(scope: Scope, receive: Receive, send: Send) -> None:
+    """The gateway serves no WebSocket: an upgrade is refused like any other request, with
+    the OpenAI envelope (405 on an API path, which takes POST; else 404), through the ASGI
+    denial-response extension (uvicorn's default ``websockets`` implementation has it);
+    a server without it can only close the handshake (403, empty)."""
+    path = scope.get("path", "")
+    if path in openai.BY_PATH:
+        status, message = 405, f"{path} takes POST with a JSON body, not a WebSocket"
+    else:
+        status, message = 404, f"no route for {path[:200]} (the gateway serves no WebSocket)"
+    if "websocket.http.response" not in scope.get("extensions", {}):
+        await send({"type": "websocket.close", "code": 1008})
+        return
+    rid = request_id_of(Headers(scope=scope).get("x-request-id"))
+    body = orjson.dumps(envelope(status, message))
+    await send({"type": "websocket.http.response.start", "status": status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+        (b"x-request-id", rid.encode())]})
+    await send({"type": "websocket.http.response.body", "body": body})
 
 
 async def _proxy_route(scope: Scope, receive: Receive, send: Send, api: Any) -> None:
@@ -299,9 +326,13 @@ async def _fleet_sync(state: AppState, costs: CostPublisher, interval_s: float) 
             log.exception("could not publish this replica's costs")
 
 
+DOC_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/openapi.json"})
+
+
 class AdminGate:
-    """``/admin/*`` and ``/metrics`` (tenants and their spend) need an admin key once the
-    config has keys; ``/metrics`` stays open on an open gateway. An admin request that
+    """``/admin/*``, ``/metrics`` (tenants and their spend) and the API document
+    (``DOC_PATHS``: it lists every admin path) need an admin key once the config has keys;
+    all stay open on an open gateway. An admin request that
     changes something (not GET/HEAD) must come from no browser origin or the gateway's own
     (a web page's cross-origin POST is refused, open mode included), a body must be
     ``application/json`` (415: a ``text/plain`` POST needs no CORS preflight) and at most
@@ -313,7 +344,7 @@ class AdminGate:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"] if scope["type"] == "http" else ""
-        if path.startswith("/admin") or path == "/metrics":
+        if path.startswith("/admin") or path == "/metrics" or path in DOC_PATHS:
             state: AppState | None = getattr(scope["app"].state, "fleetgate", None)
             headers = Headers(scope=scope)
             try:
