@@ -23,8 +23,14 @@ served model name, and its token counts are capped (``max_tokens`` and the like 
 ``n`` / ``best_of`` at 4) so a case costs milliseconds of emulated generation. On the
 auth-on gateway a case carries a tenant key (70 %), the admin key, a wrong key or none.
 
-``python tests/fuzz/fuzz_harness.py --cases 10000`` (``make fuzz``) prints the counts as JSON
-and exits 1 on any finding; ``tests/fuzz/test_fuzz_smoke.py`` runs 1,000 cases in
+A second profile, ``typewrong`` (``typewrong.py``), sends every field of OpenAI's and
+Anthropic's published request schemas with values of the wrong type or out of range (not
+only the fields the gateway's own document lists) and counts 500s, 502s a request caused,
+non-envelope bodies and dropped connections.
+
+``python tests/fuzz/fuzz_harness.py --cases 10000`` (``make fuzz``) runs both profiles
+(``--profile schema|typewrong|all``), prints the counts as JSON and exits 1 on any finding;
+``tests/fuzz/test_fuzz_smoke.py`` runs 1,000 schema cases and 1,000 type-wrong cases in
 ``make test``.
 """
 
@@ -50,6 +56,8 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from schemathesis.generation import GenerationMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/ (procs.py)
+
+from typewrong import run_typewrong
 
 from procs import PUBLIC_8B, SERVED_8B, Proc, pool, spawn_emulator, spawn_gateway
 
@@ -159,6 +167,13 @@ class Fuzzer:
                 return True
         return False
 
+    def _document(self, url: str, auth_on: bool) -> dict[str, Any]:
+        """The served document (behind the admin key when auth is on, issue 24 item 7)."""
+        headers = {"authorization": f"Bearer {ADMIN}"} if auth_on else {}
+        resp = requests.get(url + "/openapi.json", headers=headers, timeout=self.timeout)
+        resp.raise_for_status()
+        return resp.json()  # type: ignore[no-any-return]
+
     def _auth(self, auth_on: bool) -> dict[str, str]:
         if not auth_on:
             return {}
@@ -219,8 +234,8 @@ class Fuzzer:
                 t.findings["stream_cut"].append(_describe(case, status, body[-300:]))
 
     def run(self, target: int, per_round: int = 25) -> Tally:
-        schemas = {gw: schemathesis.openapi.from_url(url + "/openapi.json")
-                   for gw, (url, _) in self.gateways.items()}
+        schemas = {gw: schemathesis.openapi.from_dict(self._document(url, auth_on))
+                   for gw, (url, auth_on) in self.gateways.items()}
         ops = {gw: [r.ok() for r in s.get_all_operations()] for gw, s in schemas.items()}
         round_no = 0
         while self.tally.cases < target:
@@ -293,18 +308,41 @@ def main(argv: list[str] | None = None) -> int:
                    help="examples per operation and mode in one round")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="write the report JSON here too")
+    p.add_argument("--profile", choices=("schema", "typewrong", "all"), default="all",
+                   help="schema: schemathesis on /openapi.json; typewrong: every OpenAI field "
+                        "with wrong-typed values (typewrong.py); all: both, --cases each")
     args = p.parse_args(argv)
     start = time.monotonic()
+    report: dict[str, Any] = {}
+    clean = True
     with tempfile.TemporaryDirectory(prefix="fleetgate-fuzz-") as tmp, \
             fuzz_fleet(Path(tmp)) as (gateways, engines):
-        tally = Fuzzer(gateways, engines, seed_=args.seed).run(args.cases, args.per_round)
-    report = tally.report() | {"seconds": round(time.monotonic() - start, 1),
-                               "clean": tally.clean}
+        if args.profile in ("schema", "all"):
+            tally = Fuzzer(gateways, engines, seed_=args.seed).run(args.cases, args.per_round)
+            report["schema"] = tally.report()
+            clean = clean and tally.clean and tally.cases >= args.cases
+        if args.profile in ("typewrong", "all"):
+            wrong = run_typewrong(typewrong_targets(gateways), TYPEWRONG_MODELS, args.cases,
+                                  args.seed)
+            report["typewrong"] = wrong.report()
+            clean = clean and wrong.clean
+    report |= {"seconds": round(time.monotonic() - start, 1), "clean": clean}
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:
         Path(args.out).write_text(text + "\n")
-    return 0 if tally.clean and tally.cases >= args.cases else 1
+    return 0 if clean else 1
+
+
+TYPEWRONG_MODELS = {"chat": PUBLIC_8B, "completions": PUBLIC_8B, "messages": PUBLIC_8B,
+                    "responses": PUBLIC_8B, "embeddings": EMBED_PUBLIC}
+
+
+def typewrong_targets(gateways: dict[str, tuple[str, bool]]
+                      ) -> dict[str, tuple[str, dict[str, str]]]:
+    """Each gateway with what a tenant sends (its key when auth is on)."""
+    return {gw: (url, {"authorization": f"Bearer {TENANT}"} if auth_on else {})
+            for gw, (url, auth_on) in gateways.items()}
 
 
 if __name__ == "__main__":
