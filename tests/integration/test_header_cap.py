@@ -89,3 +89,17 @@ def test_eight_32_mib_headers_leave_the_gateways_memory_where_it_was(gw: Proc) -
     for answer in answers:
         _check_431(answer)
     assert httpx.get(gw.url + "/healthz").status_code == 200
+
+
+def test_an_oversize_request_pipelined_behind_a_good_one_gets_its_431_after_it(gw: Proc) -> None:
+    host, port = gw.url.removeprefix("http://").split(":")
+    good = f"GET /healthz HTTP/1.1\r\nhost: {host}\r\n\r\n".encode()
+    big = f"GET /healthz HTTP/1.1\r\nhost: {host}\r\nx-big: ".encode() + b"a" * 200_000
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(good + big)
+        answer = b""
+        while data := sock.recv(65536):
+            answer += data
+    first, _, rest = answer.partition(b'{"status":"ok"}')
+    assert first.startswith(b"HTTP/1.1 200 ") and rest, answer[:300]
+    _check_431(rest)

@@ -200,13 +200,17 @@ class StreamRelay:
             return self._transform_continued(frames)
         out = []
         for frame in frames:
-            got = checked(frame)
-            if got is None:
-                self._drop(frame)
-                continue
-            if got[0] is not frame:
-                self._drop(frame)
-            frame, data = got
+            if frame.startswith(b"data: {") and frame.endswith(b"}\n\n") and \
+                    frame.count(b"\n") == 2:  # the common frame, checked inline
+                data: bytes | None = frame[6:-2]
+            else:
+                got = checked(frame)
+                if got is None or got[0] is not frame:
+                    self._drop(frame)
+                    if got is None:
+                        continue
+                    frame = got[0]
+                data = got[1]
             if data is None:
                 out.append(frame)  # comment / keep-alive
                 continue
