@@ -22,7 +22,8 @@ def test_a_long_answer_sees_the_same_drain_as_a_short_one() -> None:
     drain_short, _ = drain_and_budget(short)
     drain_long, _ = drain_and_budget(long)
     assert drain_long > 0
-    assert drain_long == pytest.approx(drain_short, rel=0.05)
+    # (their SLO capacities differ only by what KV memory holds at each one's full length)
+    assert drain_long == pytest.approx(drain_short, rel=0.15)
     # and it is capacity over the typical request's e2e, not over this one's
     est, alive = long.estimates, long.alive
     assert est is not None and alive is not None

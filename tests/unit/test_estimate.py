@@ -65,7 +65,8 @@ def random_fleet(rng: random.Random, n: int) -> LiveFleet:
             live.on_failure(i, 1.0)
             live.on_failure(i, 1.0)
         live.on_peers(i, rng.choice([0, 0, 7]), rng.choice([0.0, 0.0, 30.0]))
-        live.slo_limits.limit[i] = rng.choice([np.nan, 0.5, 3.0, 50.0])  # as if learned
+        live.slo_capacity.limit[i] = rng.choice([np.nan, 0.5, 3.0, 50.0])  # as if learned
+        live.slo_capacity.knee[i] = rng.choice([0.0, 1.0])
     return live
 
 
@@ -98,18 +99,27 @@ def reference(live: LiveFleet, i: int, req: RoutingRequest, slo: Slo) -> dict[st
         alone = k * (base + col("step_per_ctx_token_s") * ctx)
         if b_slo < 1 and alone <= SLO_HEADROOM * slo.tpot_s:
             b_slo = 1.0
-    priced = b_slo  # the price is the prior's SLO batch; the learned limit caps the filling
-    if col("slo_limit") > 0 and (slo.tpot_s is not None or slo.ttft_s is not None):
-        b_slo = min(b_slo, max(math.floor(col("slo_limit")), 1.0))
-    usd = col("usd_per_s") * 1e6 * k * (base + per_seq * priced) / priced if b_slo > 0 \
+    learned = col("slo_limit") > 0 and (slo.tpot_s is not None or slo.ttft_s is not None)
+    if learned:  # the class's capacity: at a knee as it is, else the prior's up to 1.5x
+        limit = min(max(math.floor(col("slo_limit")), 1.0), b_max)
+        b_slo = limit if col("slo_knee") > 0 else min(max(limit, b_slo), 1.5 * b_slo)
+    usd = col("usd_per_s") * 1e6 * k * (base + per_seq * b_slo) / b_slo if b_slo > 0 \
         else math.inf
+    marginal = col("usd_per_s") * (
+        k * g * slow * col("step_per_ctx_token_s") * ctx + col("k_ttft") * prefill * n
+        + k * g * base / min(active + 1, b_slo)) if b_slo > 0 else math.inf
+    share = ((0.0 if math.isnan(rate) else rate) + n / 10.0) * prefill
     usage = col("kv_usage")
     if math.isnan(usage):
         usage = min(active * ctx / col("kv_capacity_tokens"), 1.0)
-    meets = active + 1 <= b_slo and (slo.tpot_s is None or tpot <= SLO_HEADROOM * slo.tpot_s) and (
+    within = active + 1 <= b_slo and (slo.tpot_s is None or share <= 0.4)
+    timely = (slo.tpot_s is None or tpot <= SLO_HEADROOM * slo.tpot_s) and (
         slo.ttft_s is None or ttft <= SLO_HEADROOM * slo.ttft_s)
+    meets = within and timely
     return {"active": active, "tpot_s": tpot, "ttft_s": ttft, "e2e_s": ttft + tpot * (g - 1),
-            "slo_capacity": b_slo, "usd_per_mtok": usd, "load": active / max(b_slo, 1.0),
+            "slo_capacity": b_slo, "usd_per_mtok": usd, "marginal_usd": marginal,
+            "can_take": float(timely and (not learned or within)),
+            "load": active / max(b_slo, 1.0),
             "meets_slo": float(meets), "kv_headroom_tokens": (1 - usage) * col(
                 "kv_capacity_tokens"), "fits_context": float(col("max_model_len") >= n + g)}
 

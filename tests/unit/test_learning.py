@@ -10,17 +10,9 @@ import pytest
 from routing_fixtures import FLEET, make_fleet, pipeline, request, serve
 
 from fleetgate.routing.estimate import prior_tpot
-from fleetgate.state.learning import (
-    IDLE_S,
-    INCREASE,
-    INITIAL_LIMIT,
-    K_LIMITS,
-    MAX_LOG_RATE,
-    Corrections,
-    Sample,
-    SloLimits,
-)
+from fleetgate.state.learning import IDLE_S, K_LIMITS, MAX_LOG_RATE, Corrections, Sample
 from fleetgate.state.live import LiveFleet
+from fleetgate.state.slo_capacity import MIN_RESULTS, ClassTable, SloCapacity, load_bin
 
 
 def probed(live: LiveFleet, now: float) -> LiveFleet:
@@ -130,38 +122,69 @@ def sample(active: float) -> Sample:
     return Sample(math.nan, 500, active, ttft_limit_s=1.0, tpot_limit_s=0.05)
 
 
-def test_slo_limit_ignores_a_tail_and_reacts_to_overload() -> None:
-    limits = SloLimits(np.full(3, np.nan), siblings=[[1], [0], []])
-    assert limits.limit.tolist() == [INITIAL_LIMIT] * 3  # slow start: +1 per request met
-    now = 0.0
-    for r in range(1000):  # 0.2% misses: the workload's tail, no decrease
-        now += 0.1
-        limits.result(0, now, sample(min(40, limits.limit[0])), met=r % 500 != 0)
-    assert limits.limit[0] >= 40 and limits.slow_start[0]
-    before = limits.limit[0]
-    for _ in range(20):  # overload: most requests at concurrency 80 miss
-        now += 0.1
-        limits.result(0, now, sample(80), met=False)
-    first = 0.9 * min(before, 80)
-    assert limits.limit[0] == pytest.approx(first)  # one decrease in those 2 s
-    assert limits.limit[1] == limits.limit[0]  # its sibling believes it
-    assert limits.limit[2] == INITIAL_LIMIT  # another kind of endpoint does not
-    now += 10.0
-    limits.result(0, now, sample(80), met=False)
-    assert limits.limit[0] == pytest.approx(0.9 * first) and not limits.slow_start[0]
-    for _ in range(100):  # met again at the limit: it grows back, by INCREASE each
-        now += 0.1
-        limits.result(0, now, sample(limits.limit[0]), met=True)
-    assert limits.limit[0] == pytest.approx(0.9 * first + 100 * INCREASE)
+def fill(table: ClassTable, loads: range, per_load: int, miss_every: int, now: float = 0.0,
+         ) -> None:
+    """``per_load`` results at each load of ``loads``, one in ``miss_every`` a miss."""
+    k = 0
+    for load in loads:
+        for _ in range(per_load):
+            k += 1
+            table.add(load_bin(load), now, k % miss_every != 0, 0.2, 0.03)
 
 
-def test_slo_limit_caps_the_predicted_capacity() -> None:
+def test_a_miss_every_load_has_does_not_shrink_capacity() -> None:
+    """0.5% misses at every load up to 60 (a short answer beside a long prefill): that is
+    the workload's floor, not load; the capacity is the next bin above what was seen."""
+    table = ClassTable.empty()
+    fill(table, range(1, 61), 100, 200)
+    cap, knee = table.capacity()
+    assert not knee and 63 < cap <= 75  # one bin (2^(1/4)) above the highest load judged good
+
+
+def test_misses_that_grow_with_load_set_the_knee() -> None:
+    table = ClassTable.empty()
+    fill(table, range(1, 41), 100, 400)  # 0.25%: within the SLO
+    fill(table, range(41, 80), 100, 20)  # 5% from 41 on: overload
+    cap, knee = table.capacity()
+    assert knee and 30 <= cap <= 40
+
+
+def test_a_class_that_misses_at_every_load_is_not_used() -> None:
+    table = ClassTable.empty()
+    fill(table, range(1, 30), 100, 20)  # 5% even when nearly idle
+    assert table.capacity() == (0.0, True)
+
+
+def test_a_bin_judged_bad_is_tried_again_later() -> None:
+    table = ClassTable.empty()
+    fill(table, range(1, 41), 100, 400)
+    fill(table, range(41, 50), 100, 10, now=0.0)
+    assert table.capacity()[1]
+    for t in range(10, 3000, 10):  # no results at those loads for 50 minutes
+        table.forget(float(t))
+        if t % 100 == 0:
+            fill(table, range(1, 41), 2, 400, now=float(t))
+    assert not table.capacity()[1]  # no knee: the router is back to the prior, tries again
+
+
+def test_one_class_learns_for_all_its_replicas_and_another_class_does_not() -> None:
+    cap = SloCapacity(np.full(3, np.nan), np.zeros(3), classes=[0, 0, 2])
+    for r in range(20 * MIN_RESULTS):
+        cap.result(r % 2, 1.0, 10.0 + r % 20, (1.0, 0.05), True, 0.2, 0.03)
+    cap.update(2.0)
+    assert cap.limit[0] == cap.limit[1] > 29 and math.isnan(cap.limit[2])
+    assert cap.describe(0)["judged"] == 20 * MIN_RESULTS
+
+
+def test_the_learned_knee_caps_the_predicted_capacity() -> None:
     live = make_fleet()
     pipe = pipeline("cost", slo={"ttft_ms": 2000, "tpot_ms": 50})
     d = pipe.route(request(), live.snapshot(1))
     i = live.index[d.chosen.id]
-    assert d.estimate("slo_capacity") == INITIAL_LIMIT  # slow start
-    live.slo_limits.limit[i] = 5.0
+    prior = d.estimate("slo_capacity")
+    assert prior is not None and prior > 5  # cold start: the prior's SLO batch
+    live.slo_capacity.limit[i], live.slo_capacity.knee[i] = 5.0, 1.0
+    assert pipe.route(request(), live.snapshot(1)).estimate("slo_capacity", 0) is not None
     for _ in range(5):
         live.on_dispatch(i, 1.0)
     d2 = pipe.route(request(), live.snapshot(1))

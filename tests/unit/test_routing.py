@@ -23,8 +23,32 @@ def test_cost_picks_cheapest_per_token_at_light_load() -> None:
     assert chosen_pool(d) == min(usd, key=usd.__getitem__)
     assert chosen_pool(d) != min(FLEET, key=lambda row: row[4])[0]  # not the cheapest per hour
     costs = {c.endpoint.pool: c.scores["cost"] for c in d.ranked}
-    assert costs[chosen_pool(d)] == 1.0
+    assert costs[chosen_pool(d)] == max(costs.values()) == 0.5  # idle: opened by $/Mtok
     assert all(0 <= v <= 1 for v in costs.values())
+
+
+def test_cost_fills_a_busy_replica_before_it_opens_an_idle_one() -> None:
+    """Marginal cost: on a busy replica a request pays a share of steps that run anyway;
+    an idle one would run them for it alone. The busy replica is filled up to its SLO
+    capacity even when an idle one is cheaper per token; past it, the cheapest opens."""
+    live = make_fleet()
+    pipe = pipeline("cost", slo={"ttft_ms": 2000, "tpot_ms": 50})
+    cold = pipe.route(request(), live.snapshot(1))
+    usd = {live.endpoints[i].pool: float(cold.estimates["usd_per_mtok"][k])
+           for k, i in enumerate(cold.idx)}
+    dear = max(usd, key=usd.__getitem__)
+    i = next(j for j, ep in enumerate(live.endpoints) if ep.pool == dear)
+    live.on_dispatch(i, 1.0)
+    busy = pipe.route(request(), live.snapshot(1))
+    assert chosen_pool(busy) == dear
+    m = {live.endpoints[j].pool: float(busy.estimates["marginal_usd"][k])
+         for k, j in enumerate(busy.idx)}
+    assert m[dear] < min(v for pool, v in m.items() if pool != dear)
+    position = [int(j) for j in busy.idx].index(i)
+    for _ in range(int(busy.estimate("slo_capacity", position) or 0)):
+        live.on_dispatch(i, 1.0)
+    full = pipe.route(request(), live.snapshot(1))
+    assert chosen_pool(full) == chosen_pool(cold)  # the cheapest per token opens next
 
 
 def test_cost_spills_to_next_cheapest_when_cheapest_is_past_its_slo_capacity() -> None:

@@ -39,25 +39,39 @@ prior of ``prior.py`` corrected by the learned ``k_tpot``/``k_ttft``:
              When not even one request fits beside the stall, no batch size protects that
              tail and the stall is left out (capacity by the mean, rather than a fleet that
              turns everyone away). At least 1 when tpot(1) meets the SLO. Then
-             B_slo = min(B_slo, slo_limit): the concurrency the endpoint was seen to meet the
-             SLO at, learned from the requests' own results (``state/learning.py``; it starts
-             low and grows as requests meet the SLO, so a cold fleet is priced and filled at
-             the batch it has shown, not at the prior's guess)
-    usd_per_mtok = usd_per_s * 1e6 * k_tpot * (step_base + per_seq * B) / B, B = B_slo before
-             the learned slo_limit caps it   (replica $/s over the tokens/s it sustains at the
-             SLO; infinite when it cannot meet the SLO at all). The learned limit caps how full
-             an endpoint is filled (B_slo, meets_slo, can_take), not its price: in slow start
-             the limit is a starting value, not a measurement, and priced at it the cheapest
-             per *hour* looked cheapest per token (at 16, MI300X; at 128, MI355X) and the pool
-             that got traffic first kept it (its limit grew, its price fell): on the mixed
-             fleet MI300X took 43% of the traffic from MI355X, cheaper per token, and
-             autoscaled to 4 replicas (BENCHMARKS.md, issue 11/12, autoscaling)
+             B_slo_prior = that, the catalog prior's guess. Then the learned capacity of the
+             endpoint's class (``slo_limit``, ``state/slo_capacity.py``: the largest load
+             whose requests were seen to meet the SLO, one bin above the loads seen so far
+             until misses are seen to rise, the knee ``slo_knee``) replaces it: B_slo =
+             slo_limit at a knee, else max(slo_limit, B_slo_prior) (the prior stands until
+             the class's own latency shows where it stops), clipped to [1, B_max]
+    usd_per_mtok = usd_per_s * 1e6 * k_tpot * (step_base + per_seq * B_slo) / B_slo  (replica
+             $/s over the tokens/s it sustains at the SLO; infinite when it cannot meet the
+             SLO at all): what a token costs at capacity, the average price
+    marginal_usd = usd_per_s * (k_tpot * g * slow * step_per_ctx_token * C       (its KV reads)
+                               + k_ttft * prefill_per_token * n                  (its prefill)
+                               + k_tpot * g * step_base / min(active + 1, B_slo))
+             the replica time *this* request takes where it goes, priced: its KV reads and
+             its prefill, and its share of the steps' fixed part: on an idle replica the
+             whole steps, on a busy one a share of slightly longer steps. The cost scorer
+             (``plugins/cost.py``) fills busy replicas by it, up to their SLO capacity, and
+             opens an idle one only when none has room, the one cheapest per token at
+             capacity (``usd_per_mtok``), so whole replicas stay idle for a scaler
+    share  = (prefill_tokens_per_s + n / PREFILL_TAU_S) * prefill_per_token   (the share of
+             its time the endpoint would spend prefilling, this prompt included)
     meets_slo = tpot <= 0.8 * slo_tpot and ttft <= 0.8 * slo_ttft and active + 1 <= B_slo
-             (20% headroom: the predictions are averages, the SLO is judged per request)
-    can_take = the same without the B_slo guess, only the learned slo_limit: 1 when this
-             request would still be predicted within the SLO there (what admission control
-             waits for: the capacity guess steers where requests go, only predictions and
-             observed limits decide that the fleet is full)
+             and (no TPOT SLO or share <= MAX_SLO_PREFILL_SHARE)
+             (20% headroom: the predictions are averages, the SLO is judged per request.
+             The prefill share bounds the TPOT tail: a short answer whose few steps share
+             one with a long prompt's prefill chunk misses a TPOT SLO however light the
+             batch, and the more prompts one replica takes, the likelier that step is. With
+             the request's marginal price packing busy replicas, their prefill share is what
+             gave way first: 98.4-98.9% within the SLO on the shipped and a ten-replica fleet
+             without the bound, 99.6% with it at 0.4; BENCHMARKS.md, issue 22)
+    can_take = the same without the prior's B_slo guess, only the learned capacity: 1 when
+             this request would still be predicted within the SLO there (what admission
+             control waits for: the capacity guess steers where requests go, only
+             predictions and measured capacity decide that the fleet is full)
 
 The loop (numba) costs ~10 ns a candidate; as whole-column numpy operations the same
 formulas took ~60 calls whose fixed cost dominated a decision at any fleet size
@@ -88,8 +102,12 @@ from fleetgate.routing.types import (
 DEFAULT_MAX_TOKENS = 256
 SLO_HEADROOM = 0.8
 MAX_PREFILL_SHARE = 0.9
-NAMES = ("ttft_s", "tpot_s", "e2e_s", "usd_per_mtok", "slo_capacity", "active", "load",
-         "meets_slo", "kv_headroom_tokens", "fits_context", "prefill_s", "can_take")
+LEARNED_GROWTH = 1.5
+MAX_SLO_PREFILL_SHARE = 0.4
+PREFILL_TAU_S = 10.0  # state/live.py's time constant of prefill_tokens_per_s
+NAMES = ("ttft_s", "tpot_s", "e2e_s", "usd_per_mtok", "marginal_usd", "slo_capacity",
+         "active", "load", "meets_slo", "kv_headroom_tokens", "fits_context", "prefill_s",
+         "can_take")
 
 
 T = TypeVar("T")
@@ -117,7 +135,7 @@ class Slo:
 # The snapshot rows the kernel reads, passed in (never baked into numba's on-disk cache).
 _LIVE_IN = np.array([LIVE_ROW[name] for name in (
     "active", "queued", "kv_usage", "k_tpot", "k_ttft", "prefill_tokens_per_s", "slo_limit",
-    "prompt_tokens_mean", "output_tokens_mean", "output_tokens_p2")],
+    "slo_knee", "prompt_tokens_mean", "output_tokens_mean", "output_tokens_p2")],
     dtype=np.intp)
 _STATIC_IN = np.array([STATIC_ROW[name] for name in (
     "step_base_s", "step_per_ctx_token_s", "prefill_s_per_token", "kv_capacity_tokens",
@@ -128,7 +146,7 @@ _BASE, _PER_CTX, _PREFILL, _KV_CAP, _MAX_BATCH = (STATIC_ROW[name] for name in (
 _USABLE_IN = np.array([LIVE_ROW["usable_from"], LIVE_ROW["stale_at"]], dtype=np.intp)
 # The rows the kernel writes, in order.
 KERNEL_ROWS = ("b_max", "tpot_s", "ttft_s", "e2e_s", "slo_capacity", "usd_per_mtok", "load",
-               "kv_headroom_tokens", "can_take")
+               "kv_headroom_tokens", "can_take", "marginal_usd")
 
 
 @compiled
@@ -165,8 +183,8 @@ def _kernel(live: FloatArray, static: FloatArray, live_in: IntArray, static_in: 
     Limits are the SLO times the headroom, +inf without that SLO (then not compared, so an
     unknown prediction does not fail an SLO nobody set).
     """
-    (active_r, queued_r, kv_usage_r, k_tpot_r, k_ttft_r, prefill_rate_r, limit_r, typ_n_r,
-     typ_g_r, short_r) = live_in
+    (active_r, queued_r, kv_usage_r, k_tpot_r, k_ttft_r, prefill_rate_r, limit_r, knee_r,
+     typ_n_r, typ_g_r, short_r) = live_in
     base_r, per_ctx_r, prefill_r, kv_cap_r, max_batch_r, usd_r = static_in
     ctx = n + g / 2
     full = n + g
@@ -194,13 +212,16 @@ def _kernel(live: FloatArray, static: FloatArray, live_in: IntArray, static_in: 
             batch = min(max(np.floor(room / per_seq), 0.0), b_max)
             if batch < 1.0 and k_tpot * (base + ctx_cost) <= tpot_limit:
                 batch = 1.0  # it meets the SLO alone: one at a time
-        priced = batch  # the SLO batch the prior says: what a token costs at capacity
         limit = live[limit_r, i]
-        if not (limit > 0 and (tpot_limit < np.inf or ttft_limit < np.inf)):
-            limit = np.nan  # a concurrency within an SLO: nothing to a policy without one
-        if limit > 0:
-            batch = min(batch, max(np.floor(limit), 1.0))
-        within = active + 1.0 <= batch
+        learned = limit > 0 and (tpot_limit < np.inf or ttft_limit < np.inf)
+        if learned:  # the class's measured capacity (nothing to a policy without an SLO)
+            limit = min(max(np.floor(limit), 1.0), b_max)
+            batch = (limit if live[knee_r, i] > 0
+                     else min(max(limit, batch), batch * LEARNED_GROWTH))
+        rate = live[prefill_rate_r, i] if live[prefill_rate_r, i] > 0 else 0.0
+        share = (rate + n / PREFILL_TAU_S) * static[prefill_r, i]  # with this prompt
+        within = active + 1.0 <= batch and (tpot_limit == np.inf
+                                            or share <= MAX_SLO_PREFILL_SHARE)
         usage = live[kv_usage_r, i]
         if np.isnan(usage):
             usage = min(active * ctx / cap, 1.0)
@@ -209,14 +230,21 @@ def _kernel(live: FloatArray, static: FloatArray, live_in: IntArray, static_in: 
         out[2, j] = ttft
         out[3, j] = ttft + tpot * (g - 1)
         out[4, j] = batch
-        out[5, j] = (static[usd_r, i] * 1e6 * k_tpot * (base + per_seq * priced) / priced
+        usd = static[usd_r, i]
+        out[5, j] = (usd * 1e6 * k_tpot * (base + per_seq * batch) / batch
                      if batch > 0 else np.inf)  # $/s over tokens/s at the SLO batch
         out[6, j] = active / max(batch, 1.0)
         out[7, j] = (1.0 - usage) * cap
         timely = ((tpot_limit == np.inf or tpot <= tpot_limit)
                   and (ttft_limit == np.inf or ttft <= ttft_limit))
         meets[j] = within and timely
-        out[8, j] = 1.0 if timely and (not limit > 0 or active + 1.0 <= limit) else 0.0
+        out[8, j] = 1.0 if timely and (not learned or within) else 0.0
+        if batch > 0:
+            fixed = k_tpot * g * base / min(active + 1.0, batch)
+            out[9, j] = usd * (k_tpot * g * slow * ctx_cost
+                               + live[k_ttft_r, i] * static[prefill_r, i] * n + fixed)
+        else:
+            out[9, j] = np.inf
 
 
 @compiled
@@ -323,6 +351,7 @@ class Estimates:
     load = _KernelRow("load")
     kv_headroom_tokens = _KernelRow("kv_headroom_tokens")
     can_take = _KernelRow("can_take")
+    marginal_usd = _KernelRow("marginal_usd")
 
     @property
     def meets_slo(self) -> BoolArray:

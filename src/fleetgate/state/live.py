@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from fleetgate.routing.estimate import prior_tpot
+from fleetgate.routing.estimate import PREFILL_TAU_S, prior_tpot
 from fleetgate.routing.types import (
     HEALTH_CODES,
     LIVE_COLUMNS,
@@ -56,12 +56,12 @@ from fleetgate.routing.types import (
     finite_or_none,
 )
 from fleetgate.state.breaker import CircuitBreaker, HealthTracker
-from fleetgate.state.learning import NO_SAMPLE, Corrections, Sample, SloLimits
+from fleetgate.state.learning import NO_SAMPLE, Corrections, Sample
 from fleetgate.state.prefix import CHUNK_TOKENS, PrefixIndex
 from fleetgate.state.prior import Prior
+from fleetgate.state.slo_capacity import SloCapacity
 
 ALPHA = 0.2
-PREFILL_TAU_S = 10.0
 WORKLOAD_ALPHA = 0.002  # request lengths are heavy-tailed: average over ~500
 QUANTILE_STEP = 0.05
 _ROW = LIVE_ROW
@@ -125,8 +125,10 @@ class LiveFleet:
         self.k_ttft = Corrections(self._live[_ROW["k_ttft"]])
         self.k_tpot = Corrections(self._live[_ROW["k_tpot"]])
         same = [tuple(self._static[_PRIOR_ROWS, i]) for i in range(n)]
-        siblings = [[j for j in range(n) if j != i and same[j] == same[i]] for i in range(n)]
-        self.slo_limits = SloLimits(self._live[_ROW["slo_limit"]], siblings)
+        first: dict[tuple[float, ...], int] = {}
+        classes = [first.setdefault(key, i) for i, key in enumerate(same)]
+        self.slo_capacity = SloCapacity(self._live[_ROW["slo_limit"]],
+                                        self._live[_ROW["slo_knee"]], classes)
         self.stale_after_s = stale_after_s
         self.stats = [EndpointStats(CircuitBreaker(breaker_threshold, breaker_cooldown_s))
                       for _ in self.endpoints]
@@ -172,7 +174,7 @@ class LiveFleet:
             if np.array_equal(old._static[_PRIOR_ROWS, j], self._static[_PRIOR_ROWS, i]):
                 self.k_ttft.carry(i, old.k_ttft, j)
                 self.k_tpot.carry(i, old.k_tpot, j)
-                self.slo_limits.carry(i, old.slo_limits, j)
+                self.slo_capacity.carry(i, old.slo_capacity, j)
             was = old.stats[j]
             breaker = CircuitBreaker(self.stats[i].breaker.failure_threshold,
                                      self.stats[i].breaker.cooldown_s, was.breaker.state,
@@ -236,7 +238,9 @@ class LiveFleet:
         """A request ended well (whole answer relayed)."""
         met = sample.met(ttft_s, tpot_s)
         if met is not None:
-            self.slo_limits.result(i, now, sample, met)
+            self.slo_capacity.result(i, now, sample.active,
+                                     (sample.ttft_limit_s, sample.tpot_limit_s), met, ttft_s,
+                                     tpot_s)
         if tpot_s is not None and sample is not NO_SAMPLE:
             batch = (sample.active + self._live[_ACTIVE, i]) / 2  # both counts include it
             prior = prior_tpot(self._static, i, sample.prompt_tokens, output_tokens, batch,
@@ -347,7 +351,7 @@ class LiveFleet:
             self._decay_prefill(i, now)
         self.k_ttft.relax(now)
         self.k_tpot.relax(now)
-        self.slo_limits.relax(now)
+        self.slo_capacity.update(now)
 
     def on_capacity(self, i: int, kv_capacity_tokens: float | None = None,
                     max_batch: float | None = None, max_model_len: float | None = None) -> bool:

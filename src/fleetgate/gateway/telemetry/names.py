@@ -76,7 +76,7 @@ ROUTE_CHOSEN_ACCELERATOR = ROUTE_CHOSEN + ".accelerator"
 ROUTE_CHOSEN_ENGINE = ROUTE_CHOSEN + ".engine"
 # under ROUTE_CHOSEN and ROUTE_RUNNER_UP (route_attr): endpoint, pool, score,
 # scores.<scorer> and estimate.<one of ROUTE_ESTIMATES>
-ROUTE_ESTIMATES = ("ttft_s", "tpot_s", "usd_per_mtok")
+ROUTE_ESTIMATES = ("ttft_s", "tpot_s", "usd_per_mtok", "marginal_usd", "slo_capacity")
 
 
 @functools.cache

@@ -4,7 +4,8 @@ What a reader of one trace needs to explain the choice (docs/observability.md ha
 example): the policy and its reason, how many endpoints were eligible and how many were
 filtered out, the retry order, the chosen endpoint's vendor, accelerator and engine, and
 for the chosen endpoint and the runner-up their endpoint id, pool, total score, every
-scorer's score and the router's estimates (TTFT, TPOT, $/Mtok at the SLO batch).
+scorer's score and the router's estimates (TTFT, TPOT, $/Mtok at the SLO batch, the
+marginal $ this request adds there, the SLO capacity).
 ``fleetgate.route.estimated_cost_usd`` predicts this request's charge by the cost rule of
 ``costs.py`` (replica $/s x predicted e2e / predicted concurrency), so it can be compared
 with the ``fleetgate.cost.usd`` it is finally charged.

@@ -1,0 +1,237 @@
+"""Each endpoint class's SLO capacity, learned from its own latency: how many requests one
+replica may run and still meet the SLO, per class (GPU x engine x model x TP x stack x
+speed: the endpoints that share a prior), from every judged request's result.
+
+The model, per class: the requests that ended are binned by the load they were dispatched
+into (``active`` at dispatch, this request included, in geometric bins of ratio 2^(1/4));
+per bin it keeps
+
+- exponentially decayed counts of results and of SLO misses (a miss: TTFT or TPOT over the
+  policy's limit), halved whenever a bin passes ``BIN_MEMORY`` results, and decayed with
+  time constant ``FORGET_S`` in bins that get no results (so a bin judged bad once is tried
+  again later: the engine, the workload or the SLO may have changed);
+- running quantiles (stochastic approximation) of TTFT and TPOT at p50 and at the SLO's
+  percentile (p99 for "99% of requests"): the predictions ``predicted`` returns and the
+  decision log shows.
+
+Predicted miss share at load B = the miss share of B's bin. The class's capacity is the
+largest load whose bin and every bin below it are not *significantly* over the miss budget:
+
+    budget = max(TARGET_MISS, floor + TARGET_MISS / 2)
+    bad(b) = misses_b >= 3 and misses_b > budget * n_b + Z * sqrt(budget * n_b)
+             (one-sided, Z = 2.5: a miss or two in a thinly sampled bin is the tail, not load)
+
+``floor`` is the miss share at up to half the highest load seen: a miss that every load has (a
+short answer whose few steps share one with a long prefill) is the workload's, not the
+load's, and does not shrink capacity; only misses that grow with load do. Walking up the
+bins: a bad bin ends the walk (capacity = the top of the bin below it, and the class has a
+known knee); a well-sampled good bin extends capacity to its top; an unsampled bin is taken
+once, as exploration, then the walk ends. So the capacity sits one bin (19%) above the
+loads it has seen, and grows as the router fills replicas to it and they meet the SLO, up
+to the first load where misses rise: measured, with no miss counter that the tail every load
+has keeps cutting (the AIMD limits this replaces: BENCHMARKS.md, issue 22).
+
+Before ``MIN_RESULTS`` judged results a class has no capacity (NaN) and the router uses the
+prior's SLO batch (``routing/estimate.py``): the catalog prior is the cold start. The
+estimator was chosen by measurement (BENCHMARKS.md, "Learned SLO capacity").
+
+One model is learned per class and per SLO (the limits a result was judged by): a class
+serving two policies with different SLOs keeps one table per SLO, and the capacity the
+router reads is the table of the SLO most results were judged by.
+
+May touch: numpy. Must not touch: I/O, clocks (``now`` comes from the caller).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from fleetgate.routing.types import FloatArray
+
+BINS_PER_DOUBLING = 4
+NBINS = 44  # loads up to 2^(44/4) = 2,048 requests
+TARGET_MISS = 0.003  # of a 1% budget ("99% within the SLO"): room for noise and the floor
+Z = 1.5
+MIN_MISSES = 3.0
+MIN_BIN = 60  # results before a bin's miss share counts toward the floor
+MIN_SEEN = 5.0  # results before a bin is judged at all
+MIN_EXPLORE = 200.0  # results at the highest load before the next bin is tried
+UNFIT_FLOOR = 0.015  # a class missing more than this at its best load is not used
+MIN_RESULTS = 100  # judged results before a class has a learned capacity
+BIN_MEMORY = 4000.0
+FORGET_S = 120.0
+QUANTILE = 0.99
+QUANTILE_STEP = 0.02  # relative step of the running quantiles
+_TOP = np.array([2.0 ** ((b + 1) / BINS_PER_DOUBLING) for b in range(NBINS)])
+
+
+def load_bin(active: float) -> int:
+    """The bin of a request dispatched with ``active`` requests on its endpoint (itself
+    included): bin b holds loads in [2^(b/4), 2^((b+1)/4))."""
+    if not active >= 1:
+        return 0
+    return min(int(BINS_PER_DOUBLING * math.log2(active)), NBINS - 1)
+
+
+def _below(b: int) -> float:
+    """The largest whole load below bin ``b``."""
+    return max(math.ceil(2.0 ** (b / BINS_PER_DOUBLING)) - 1.0, 1.0)
+
+
+def bin_top(b: int) -> float:
+    """The largest whole load in bin ``b``."""
+    return max(math.ceil(_TOP[b]) - 1.0, 1.0)
+
+
+@dataclass
+class ClassTable:
+    """One class's bins for one SLO."""
+
+    n: FloatArray
+    misses: FloatArray
+    q: FloatArray  # (4, NBINS): TTFT p50, TTFT pQ, TPOT p50, TPOT pQ (seconds; NaN: none)
+    last: FloatArray  # when each bin last had a result
+    results: int = 0
+
+    @classmethod
+    def empty(cls) -> ClassTable:
+        return cls(np.zeros(NBINS), np.zeros(NBINS), np.full((4, NBINS), np.nan),
+                   np.full(NBINS, -np.inf))
+
+    def add(self, b: int, now: float, met: bool, ttft_s: float | None,
+            tpot_s: float | None) -> None:
+        if self.n[b] >= BIN_MEMORY:
+            self.n[b] *= 0.5
+            self.misses[b] *= 0.5
+        self.n[b] += 1.0
+        self.misses[b] += 0.0 if met else 1.0
+        self.last[b] = now
+        self.results += 1
+        for row, value in ((0, ttft_s), (2, tpot_s)):
+            if value is not None and value >= 0:
+                _quantile(self.q, row, b, value, 0.5)
+                _quantile(self.q, row + 1, b, value, QUANTILE)
+
+    def forget(self, now: float) -> None:
+        """Bins without results for a while fade (time constant FORGET_S)."""
+        idle = (self.n > 0) & (now - self.last > 10.0)
+        if idle.any():
+            fade = math.exp(-10.0 / FORGET_S)
+            self.n[idle] *= fade
+            self.misses[idle] *= fade
+            self.last[idle] = now - 10.0 * 0.999  # fade again one period later
+
+    def capacity(self) -> tuple[float, bool]:
+        """(capacity, whether a knee was found): the bin walk of the module docstring."""
+        n, misses = self.n, self.misses
+        seen = np.flatnonzero(n >= MIN_SEEN)
+        if not len(seen):
+            return 1.0, False
+        light = slice(0, max(int(seen[-1]) - BINS_PER_DOUBLING + 1, 1))  # half the top load
+        light_n = float(n[light].sum())
+        floor = float(misses[light].sum()) / light_n if light_n >= MIN_BIN else 0.0
+        if floor > UNFIT_FLOOR:  # misses at every load: this class cannot meet the SLO
+            return 0.0, True
+        budget = max(TARGET_MISS, floor + TARGET_MISS / 2)
+        confirmed = 0
+        for b in range(NBINS):
+            if n[b] < MIN_SEEN:
+                continue
+            pooled_n = n[b] + (n[b - 1] if b else 0.0)  # this bin and the one below it
+            pooled = misses[b] + (misses[b - 1] if b else 0.0)
+            if pooled >= MIN_MISSES and pooled > budget * pooled_n + Z * math.sqrt(
+                    budget * pooled_n):
+                return _below(b), True
+            if pooled_n >= MIN_EXPLORE:
+                confirmed = b
+        top = bin_top(confirmed)  # explore one bin above the highest load judged good
+        return max(top + 1.0, math.floor(top * 2.0 ** (1 / BINS_PER_DOUBLING))), False
+
+    def predicted(self, active: float) -> tuple[float, float, float]:
+        """(TTFT pQ, TPOT pQ, miss share) predicted for a request dispatched at ``active``;
+        NaN where the bin (and the nearest sampled one below it) knows nothing."""
+        b = load_bin(active)
+        while b > 0 and self.n[b] < 1:
+            b -= 1
+        miss = self.misses[b] / self.n[b] if self.n[b] >= 1 else math.nan
+        return float(self.q[1, b]), float(self.q[3, b]), float(miss)
+
+
+def _quantile(q: FloatArray, row: int, b: int, value: float, level: float) -> None:
+    """A running ``level``-quantile (q += step * (level - [value < q]), the step relative to
+    q): it rests where a share ``level`` of the values lies below."""
+    old = q[row, b]
+    if old != old:  # NaN: the first value
+        q[row, b] = value
+        return
+    step = QUANTILE_STEP * max(old, 1e-4)
+    q[row, b] = old - step * (1 - level) if value < old else old + step * level
+
+
+class SloCapacity:
+    """Per endpoint class, the learned SLO capacity (written into a row of the live matrix)."""
+
+    def __init__(self, row: FloatArray, knee_row: FloatArray, classes: list[int]) -> None:
+        self.limit = row  # a view into the live matrix: the router reads it from there
+        self.knee = knee_row
+        self.limit[:] = np.nan
+        self.knee[:] = 0.0
+        self.classes = classes  # per endpoint: its class (the first endpoint with its prior)
+        self._members: dict[int, list[int]] = {}
+        for i, c in enumerate(classes):
+            self._members.setdefault(c, []).append(i)
+        self.tables: dict[tuple[int, float, float], ClassTable] = {}
+
+    def table(self, i: int) -> ClassTable | None:
+        """The table endpoint ``i``'s capacity comes from (its class's busiest SLO)."""
+        c = self.classes[i]
+        best = None
+        for (cls, _, _), table in self.tables.items():
+            if cls == c and (best is None or table.results > best.results):
+                best = table
+        return best
+
+    def result(self, i: int, now: float, active: float, limits: tuple[float, float],
+               met: bool, ttft_s: float | None, tpot_s: float | None) -> None:
+        key = (self.classes[i], *limits)
+        table = self.tables.get(key)
+        if table is None:
+            table = self.tables[key] = ClassTable.empty()
+        table.add(load_bin(active), now, met, ttft_s, tpot_s)
+
+    def update(self, now: float) -> None:
+        """Forget old bins and recompute every class's capacity (the collector's tick)."""
+        for table in self.tables.values():
+            table.forget(now)
+        for members in self._members.values():
+            busiest = self.table(members[0])
+            if busiest is None or busiest.results < MIN_RESULTS:
+                continue
+            cap, knee = busiest.capacity()
+            self.limit[members] = cap
+            self.knee[members] = 1.0 if knee else 0.0
+
+    def carry(self, i: int, old: SloCapacity, j: int) -> None:
+        """Take over what ``old`` learned for its endpoint ``j`` (same prior: same class)."""
+        for (c, ttft, tpot), table in old.tables.items():
+            if c == old.classes[j]:
+                self.tables.setdefault((self.classes[i], ttft, tpot), table)
+        self.limit[i], self.knee[i] = old.limit[j], old.knee[j]
+
+    def describe(self, i: int) -> dict[str, float | bool | None]:
+        """The class's learned capacity and its predictions at that load (admin, tests)."""
+        table = self.table(i)
+        cap = float(self.limit[i])
+        if table is None or not cap > 0:
+            return {"slo_capacity_learned": None, "knee": False, "judged": 0}
+        ttft, tpot, miss = table.predicted(cap)
+        return {"slo_capacity_learned": cap, "knee": bool(self.knee[i]),
+                "judged": table.results, "ttft_pq_s": _num(ttft), "tpot_pq_s": _num(tpot),
+                "miss_share": _num(miss)}
+
+
+def _num(v: float) -> float | None:
+    return None if not math.isfinite(v) else round(v, 6)
