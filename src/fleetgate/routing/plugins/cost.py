@@ -1,23 +1,20 @@
-"""The cost scorer: the request's marginal $ scores higher the lower it is.
+"""The cost scorer: busy replicas by the request's marginal $, idle ones by $/Mtok.
 
-score = min(marginal $ over candidates) / marginal $ (``routing/estimate.py``,
-``marginal_usd``): the replica time this request adds where it goes, priced. On a busy
-replica that is its share of slightly longer steps (its KV reads and its prefill); on an
-idle one also the steps' fixed part, at the share it has once the replica is full at its SLO
-capacity, so the cheapest capacity per token is opened first and then filled, while busy
-replicas are filled before idle ones are opened. An endpoint that cannot meet the SLO at any
-batch size has an infinite price and scores 0; the ``cost`` strategy's SLO filter keeps
-packing within the learned SLO capacity. (Ranking by the average $/Mtok at capacity, as
-before, spread the load over every replica that was cheapest on average and paid each
-one's whole time: 1.7% dearer than round robin on a ten-replica mixed fleet, BENCHMARKS.md.)
+A request on a busy candidate (one with a request in flight) scores 0.5 + 0.5 x cheapest
+marginal $ / its marginal $ (``routing/estimate.py``, ``marginal_usd``: the replica time it
+adds there, priced; on a busy replica a share of steps that run anyway, larger the emptier
+the replica, so the fullest of a price is filled first); on an idle candidate it scores
+0.5 x cheapest $/Mtok at capacity / its $/Mtok. So a busy replica with room within its SLO
+capacity (the ``cost`` strategy's SLO filter) always goes before an idle one, and when none
+has room the idle replica cheapest per token at capacity is opened: the router fills the
+cheapest capacity that is already busy and leaves whole replicas idle for a scaler to
+release. Ranking every candidate by the idle rule alone (the average $/Mtok, as before)
+spread the load over every replica that was cheapest on average and paid each one's whole
+time: 1.7% dearer than round robin on a ten-replica mixed fleet (BENCHMARKS.md, issue 22);
+ranking every candidate by marginal $ opened replicas by the price of their steps, not of
+their tokens (the shipped fleet's H200s before its MI355Xs).
 
-Among endpoints of the same price (the replicas of one pool), the busier one scores up to
-``PACK`` higher: load = active / SLO batch, clipped to [0, 1]. Requests then fill one
-replica to its SLO capacity before the next gets any, so every busy replica runs near the
-batch its $/Mtok assumes (a spread of light batches costs the same GPU-seconds for fewer
-tokens), and replicas nobody needs stay idle for an autoscaler to stop. ``PACK`` is small
-enough never to reorder pools whose $/Mtok differ by more than 1%; the SLO filter of the
-``cost`` strategy keeps packing within what the SLO allows.
+An endpoint that cannot meet the SLO at any batch size has an infinite price and scores 0.
 
 May touch: numpy. Must not touch: I/O.
 """
@@ -26,14 +23,37 @@ from __future__ import annotations
 
 import numpy as np
 
-from fleetgate.routing.plugins.base import ScoringInput, normalise_min_over
-from fleetgate.routing.types import FloatArray
-
-PACK = 0.01
+from fleetgate.routing.compiled import compiled
+from fleetgate.routing.plugins.base import ScoringInput
+from fleetgate.routing.types import BoolArray, FloatArray
 
 
 def cost(inp: ScoringInput, _: object) -> FloatArray:
-    busy = inp.est.active >= 1.0
-    on_busy = normalise_min_over(inp.est.marginal_usd, inp.mask & busy)
-    on_idle = normalise_min_over(inp.est.usd_per_mtok, inp.mask & ~busy)
-    return np.where(busy, np.where(on_busy > 0, 0.5 + 0.5 * on_busy, 0.0), 0.5 * on_idle)
+    out = np.empty(len(inp.mask))
+    _score(inp.est.marginal_usd, inp.est.usd_per_mtok, inp.est.active, inp.mask, out)
+    return out
+
+
+@compiled
+def _score(marginal: FloatArray, per_mtok: FloatArray, active: FloatArray, mask: BoolArray,
+           out: FloatArray) -> None:
+    """Busy candidates: 0.5 + 0.5 x cheapest marginal $ / marginal $ (in (0.5, 1]); idle
+    ones: 0.5 x cheapest $/Mtok / $/Mtok (in (0, 0.5]); masked-out or infinitely dear: 0.
+    Two passes in one compiled call (two normalisations and a select were five numpy calls)."""
+    best_busy = best_idle = np.inf
+    for i in range(mask.shape[0]):
+        if mask[i]:
+            if active[i] >= 1.0:
+                best_busy = min(best_busy, marginal[i]) if marginal[i] > 0 else best_busy
+            elif per_mtok[i] > 0:
+                best_idle = min(best_idle, per_mtok[i])
+    for i in range(mask.shape[0]):
+        busy = active[i] >= 1.0
+        value, best = (marginal[i], best_busy) if busy else (per_mtok[i], best_idle)
+        if not (mask[i] and value > 0 and value < np.inf and best < np.inf):
+            out[i] = 0.0
+        else:
+            out[i] = (0.5 + 0.5 * best / value) if busy else 0.5 * best / value
+
+
+_score(np.ones(2), np.ones(2), np.array([0.0, 1.0]), np.ones(2, dtype=bool), np.empty(2))
