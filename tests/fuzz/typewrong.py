@@ -20,6 +20,7 @@ May touch: requests. Must not touch: the gateway's code (it is tested from outsi
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import random
@@ -127,7 +128,7 @@ def wrong_values(kinds: str) -> list[Any]:
 
 
 def _set(body: dict[str, Any], path: str, value: Any) -> None:
-    """Set ``path`` (``a.b[0].c``) in ``body``, creating what is missing."""
+    """Set ``path`` (``a.b[0].c``) in ``body``, creating (or replacing) what is in the way."""
     parts: list[str | int] = []
     for piece in path.split("."):
         name, _, rest = piece.partition("[")
@@ -136,23 +137,26 @@ def _set(body: dict[str, Any], path: str, value: Any) -> None:
             parts.append(int(rest.rstrip("]")))
     node: Any = body
     for key, nxt in itertools.pairwise(parts):
-        child = node[key] if (isinstance(node, list) and isinstance(key, int)
-                              and key < len(node)) or (isinstance(node, dict)
-                                                       and key in node) else None
-        if not isinstance(child, dict | list):
-            child = [{}] if isinstance(nxt, int) else {}
-            if isinstance(node, list):
-                node[key] = child
-            else:
-                node[key] = child
-        if isinstance(nxt, int) and isinstance(child, list) and not child:
-            child.append({})
+        want: type = list if isinstance(nxt, int) else dict
+        child = _get(node, key)
+        if not isinstance(child, want):
+            child = want()
+            _put(node, key, child)
         node = child
-    last = parts[-1]
-    if isinstance(node, list):
-        node[last if isinstance(last, int) and last < len(node) else 0] = value
+    _put(node, parts[-1], value)
+
+
+def _get(node: Any, key: str | int) -> Any:
+    if isinstance(node, dict):
+        return node.get(key)
+    return node[key] if isinstance(key, int) and key < len(node) else None
+
+
+def _put(node: Any, key: str | int, value: Any) -> None:
+    if isinstance(node, dict) or (isinstance(key, int) and key < len(node)):
+        node[key] = value
     else:
-        node[last] = value
+        node.append(value)
 
 
 def make_case(rng: random.Random, model: dict[str, str]) -> tuple[str, str, dict[str, Any]]:
@@ -164,7 +168,7 @@ def make_case(rng: random.Random, model: dict[str, str]) -> tuple[str, str, dict
         body["stream"] = False
         body.pop("stream_options")
     for name in rng.sample(list(fields), rng.choice((1, 1, 2, 3))):
-        _set(body, name, rng.choice(wrong_values(fields[name])))
+        _set(body, name, copy.deepcopy(rng.choice(wrong_values(fields[name]))))
     return api, path, body
 
 
