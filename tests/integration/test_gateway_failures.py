@@ -134,7 +134,8 @@ def test_embedded_default_fleet_serves_a_chat(tmp_path: Path) -> None:
         cheapest = pool()
         last = httpx.get(gw.url + "/admin/decisions?limit=1").json()["decisions"][0]
         assert last["chosen"] == f"{cheapest}-0" and last["policy"] == "cheapest"
-        assert last["candidates"][0]["scores"]["cost"] == 1.0  # the cheapest per token
+        best = max(c["scores"]["cost"] for c in last["candidates"])
+        assert last["candidates"][0]["scores"]["cost"] == best > 0  # the cheapest per token
         resp = client.chat.completions.with_raw_response.create(
             model=PUBLIC_8B, messages=MESSAGES, max_tokens=1, extra_headers={"x-priority": "high"})
         assert resp.headers["x-fleetgate-policy"] == "fastest"
