@@ -6,12 +6,18 @@ A linear program (scipy's HiGHS) over ``x_p``, the busy replica-seconds spent on
     subject to  Σ_p tokens_per_s_p · x_p  >=  output tokens of the run
                 0 <= x_p <= replicas_p · duration      (max_replicas for autoscaled pools)
 
-``tokens_per_s_p`` is what one replica of the pool sustains while meeting the SLO on this
-workload's mix (``capacity.py``), so the bound is "every token made on the cheapest-per-token
+``tokens_per_s_p`` is what one replica of the pool makes per *busy* second while meeting the
+SLO on this workload's mix (``capacity.py``: its tokens/s at its SLO capacity over the share of
+time it holds a request), so the bound is "every token made on the cheapest-per-token
 capacity there is, each busy replica exactly at its SLO limit". It is in the units of a
 policy's ``usd`` (busy GPU-time, the ledger's rule): a policy that keeps replicas busier
-than their SLO limit can undercut it only by missing the SLO. ``None`` when the fleet
-cannot make the tokens within the SLO at all.
+than their SLO limit can undercut it only by missing the SLO. Shared prefixes count: the
+capacity is measured with every prefix cached where it is sent (the optimistic case, see
+``capacity.py``), so a prefix-aware router cannot beat it by its cache hits.
+
+``None`` when the pools cannot make the tokens at these rates (or none has any). The caller
+(``run.bound_json``) then measures the capacities again at a lower attainment (the best
+policy's, then 90%, 50%) rather than report nothing where a policy did meet the SLO.
 
 May touch: scipy.optimize. Must not touch: the simulator's state.
 """

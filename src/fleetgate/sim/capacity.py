@@ -5,8 +5,27 @@ with the workload's lengths arriving at a rate ``λ`` (Poisson unless the mix sa
 gamma gaps with its ``cv``), and searches for the largest ``λ`` at which at least ``target`` of the
 requests meet both SLO limits (the first ``WARMUP_SHARE`` of arrivals are not judged: the
 replica starts empty). Doubling, then bisection to ``REL_TOL``. The result feeds the lower
-bound (tokens/s per replica at the SLO), the planner (requests/s per replica) and the
-autoscaler (the concurrency a replica holds at that rate, by Little's law).
+bound (tokens/s per busy replica-second at the SLO), the planner (requests/s per replica)
+and the autoscaler (the concurrency a replica holds at that rate, by Little's law).
+
+**Shared prefixes.** A mix drawn from a workload with ``prefix`` carries each sampled
+request's prefix group and the prefix length, and the probe gives the replica the engine's
+prefix-cache blocks of each prompt (``prefixes.block_hashes``, what the simulated gateway
+passes), so the replica's prefix cache hits as in a fleet. Which groups the measured replica
+sees is an assumption, ``Mix.groups_seen``: the request's group ``g`` becomes
+``g mod groups_seen``. The default, 1, is the optimistic case: every shared prefix is cached
+where it is sent (only the replica's first request of it prefills it), which is what a
+router that keeps each group on replicas holding it reaches whenever a replica's share of
+the groups fits in its cache. A replica that sees *every* group is not optimistic: when the
+groups' prefixes exceed one replica's KV cache (``examples/prefix-workload.yaml``: 400 x 3,000
+tokens), they evict each other and it hits less than a replica of a partitioned fleet, so a
+capacity measured that way would let the lower bound exceed what a policy reaches. No prefix
+hit makes a replica slower (cached blocks live in free KV memory, prefill only shrinks), so
+the default is an upper bound on a replica's capacity under any routing.
+
+``Capacity.busy_share`` is the share of the judged window during which the replica held a
+request: a policy's ``usd`` charges busy replica-time (``catalog.pricing``), so the lower
+bound divides the tokens/s by it (tokens per *busy* second).
 
 Results are memoised in-process per (engine config, workload mix, SLO, target).
 
@@ -24,6 +43,7 @@ import numpy.typing as npt
 
 from fleetgate.emulator.config import EmulatorConfig
 from fleetgate.emulator.perfmodel import EngineSim
+from fleetgate.sim.prefixes import block_hashes
 from fleetgate.sim.replica import SimReplica
 
 WARMUP_SHARE = 0.1
@@ -42,10 +62,22 @@ class Mix:
     ttft_s: float
     tpot_s: float
     cv: float = 1.0  # of the inter-arrival gaps (1: Poisson)
+    prefix_groups: tuple[int, ...] = ()  # per shape (-1: none); empty: no shared prefixes
+    prefix_tokens: int = 0  # a group's shared prefix (counted in ``prompt_tokens``)
+    groups_seen: int = 1  # the groups the measured replica serves (module docstring)
 
     @property
     def mean_output(self) -> float:
         return float(np.mean(self.output_tokens))
+
+    def blocks(self, j: int, r: int) -> tuple[int, ...]:
+        """The engine blocks of request ``r`` of the probe, drawn as shape ``j``."""
+        if not self.prefix_groups or self.prefix_tokens <= 0:
+            return ()
+        group = self.prefix_groups[j]
+        if group >= 0:
+            group %= max(1, self.groups_seen)
+        return block_hashes(r, self.prompt_tokens[j], group, self.prefix_tokens)
 
 
 @dataclass(frozen=True)
@@ -54,17 +86,25 @@ class Capacity:
     tokens_per_s: float  # output tokens/s at that rate
     concurrency: float  # mean requests inside the replica at that rate
     attainment: float
+    busy_share: float = 1.0  # of the time the replica held a request, at that rate
+
+    @property
+    def tokens_per_busy_s(self) -> float:
+        return self.tokens_per_s / self.busy_share if self.busy_share > 0 else 0.0
 
 
 @dataclass(frozen=True)
 class Probe:
     attainment: float
     mean_e2e_s: float
+    busy_share: float = 1.0
 
 
 def drive(replica: SimReplica, arrivals: npt.NDArray[np.float64], prompts: list[int],
-          outputs: list[int]) -> tuple[npt.NDArray[np.float64], ...]:
-    """Run requests straight into one replica; returns (ttft, tpot, e2e) per request."""
+          outputs: list[int], blocks: list[tuple[int, ...]] | None = None,
+          ) -> tuple[npt.NDArray[np.float64], ...]:
+    """Run requests straight into one replica (``blocks``: each prompt's prefix-cache
+    blocks); returns (ttft, tpot, e2e) per request."""
     n = len(prompts)
     first = np.full(n, np.nan)
     done = np.full(n, np.nan)
@@ -73,7 +113,7 @@ def drive(replica: SimReplica, arrivals: npt.NDArray[np.float64], prompts: list[
     while True:
         t_engine = replica.next_time
         if k < n and (t_engine is None or times[k] < t_engine):
-            replica.add(str(k), prompts[k], outputs[k], times[k])
+            replica.add(str(k), prompts[k], outputs[k], times[k], blocks[k] if blocks else ())
             k += 1
             continue
         if t_engine is None:
@@ -98,10 +138,30 @@ def probe(factory: Callable[[], EngineSim], mix: Mix, rate: float, seed: int,
     pick = rng.integers(0, len(mix.prompt_tokens), n)
     prompts = [mix.prompt_tokens[j] for j in pick]
     outputs = [mix.output_tokens[j] for j in pick]
-    ttft, tpot, e2e = drive(SimReplica(factory, speed), arrivals, prompts, outputs)
-    judged = slice(int(n * WARMUP_SHARE), n)
+    blocks = [mix.blocks(int(j), r) for r, j in enumerate(pick)] if mix.prefix_groups else None
+    ttft, tpot, e2e = drive(SimReplica(factory, speed), arrivals, prompts, outputs, blocks)
+    start = int(n * WARMUP_SHARE)
+    judged = slice(start, n)
     ok = (ttft[judged] <= mix.ttft_s) & (np.isnan(tpot[judged]) | (tpot[judged] <= mix.tpot_s))
-    return Probe(float(np.mean(ok)), float(np.mean(e2e[judged])))
+    busy = busy_share(arrivals, arrivals + e2e, float(arrivals[start]), float(arrivals[-1]))
+    return Probe(float(np.mean(ok)), float(np.mean(e2e[judged])), busy)
+
+
+def busy_share(starts: npt.NDArray[np.float64], ends: npt.NDArray[np.float64], t0: float,
+               t1: float) -> float:
+    """The share of ``[t0, t1]`` covered by the union of ``[starts[i], ends[i]]`` (``starts``
+    sorted): when the replica held at least one request. 1 for an empty window."""
+    if t1 <= t0:
+        return 1.0
+    covered, reach = 0.0, -math.inf
+    for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+        if math.isnan(b):
+            b = math.inf  # never finished: held to the end
+        a, b = max(a, reach, t0), min(b, t1)
+        if b > a:
+            covered += b - a
+        reach = max(reach, b)
+    return min(1.0, covered / (t1 - t0))
 
 
 _MEMO: dict[tuple[object, ...], Capacity] = {}
@@ -131,14 +191,20 @@ def replica_capacity(engine: EmulatorConfig, mix: Mix, seed: int = 0, target: fl
             hi = mid
         if lo == 0 and hi < 1e-3:
             break
-    cap = Capacity(lo, lo * mix.mean_output, lo * lo_probe.mean_e2e_s, lo_probe.attainment)
+    cap = Capacity(lo, lo * mix.mean_output, lo * lo_probe.mean_e2e_s, lo_probe.attainment,
+                   lo_probe.busy_share if lo > 0 else 1.0)
     _MEMO[memo_key] = cap
     return cap
 
 
 def sample_mix(prompts: npt.NDArray[np.int64], outputs: npt.NDArray[np.int64], ttft_s: float,
-               tpot_s: float, cv: float = 1.0, size: int = 4000) -> Mix:
-    """A fixed-size, evenly strided sample of the workload's request shapes."""
+               tpot_s: float, cv: float = 1.0, size: int = 4000,
+               groups: npt.NDArray[np.int64] | None = None, prefix_tokens: int = 0) -> Mix:
+    """A fixed-size, evenly strided sample of the workload's request shapes (``groups``:
+    each request's prefix group, -1 none; ``prefix_tokens``: a group's shared prefix)."""
     step = max(1, math.ceil(len(prompts) / size))
+    sampled: tuple[int, ...] = ()
+    if groups is not None and prefix_tokens > 0 and bool((groups >= 0).any()):
+        sampled = tuple(int(v) for v in groups[::step])
     return Mix(tuple(int(v) for v in prompts[::step]), tuple(int(v) for v in outputs[::step]),
-               ttft_s, tpot_s, cv)
+               ttft_s, tpot_s, cv, sampled, prefix_tokens if sampled else 0)

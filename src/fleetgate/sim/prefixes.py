@@ -45,12 +45,30 @@ class SimPrefixes:
         if not self._any:
             return ()
         req = self._req
-        total = int(req.prompt_tokens[r]) // size
         group = int(req.prefix_group[r])
         shared: tuple[int, ...] = ()
         if group >= 0 and req.prefix_tokens >= size:
             key = (size, group)
-            shared = self._shared.get(key) or self._shared.setdefault(key, tuple(range(
-                _SHARED + group * _SPAN, _SHARED + group * _SPAN + req.prefix_tokens // size)))
-        own = (r + 1) * _SPAN + len(shared)
-        return shared + tuple(range(own, own + total - len(shared)))
+            shared = self._shared.get(key) or self._shared.setdefault(
+                key, shared_hashes(group, req.prefix_tokens, size))
+        return _with_own(shared, r, int(req.prompt_tokens[r]) // size)
+
+
+def shared_hashes(group: int, prefix_tokens: int, size: int = BLOCK_TOKENS) -> tuple[int, ...]:
+    """The hashes of group ``group``'s shared prefix (the same for every request of it)."""
+    if group < 0 or prefix_tokens < size:
+        return ()
+    start = _SHARED + group * _SPAN
+    return tuple(range(start, start + prefix_tokens // size))
+
+
+def block_hashes(r: int, prompt_tokens: int, group: int, prefix_tokens: int,
+                 size: int = BLOCK_TOKENS) -> tuple[int, ...]:
+    """Request ``r``'s hashes (``SimPrefixes`` for one request, without a request set): the
+    capacity probe (``capacity.py``) gives its replica the blocks the gateway would."""
+    return _with_own(shared_hashes(group, prefix_tokens, size), r, prompt_tokens // size)
+
+
+def _with_own(shared: tuple[int, ...], r: int, total: int) -> tuple[int, ...]:
+    own = (r + 1) * _SPAN + len(shared)
+    return shared + tuple(range(own, own + total - len(shared)))

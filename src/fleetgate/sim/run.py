@@ -25,7 +25,7 @@ import orjson
 from fleetgate.config.schema import FleetConfig
 from fleetgate.sim.arrivals import DEFAULT_DURATION_S, RequestSet, generate
 from fleetgate.sim.bound import PoolCapacity, lower_bound
-from fleetgate.sim.capacity import Capacity, Mix, replica_capacity, sample_mix
+from fleetgate.sim.capacity import TARGET, Capacity, Mix, replica_capacity, sample_mix
 from fleetgate.sim.fleet import SimFleet, build_fleet, emulator_config, source_speed
 from fleetgate.sim.loop import Simulation
 from fleetgate.sim.outcomes import Outcomes
@@ -81,19 +81,22 @@ def workload_requests(workload: Workload, seed: int,
 
 
 def workload_mix(workload: Workload, requests: RequestSet) -> Mix:
-    """The request shapes and SLO a replica's capacity is measured on. Arrivals are Poisson
-    whatever the workload's process: one replica's share of a fleet's stream is close to
-    Poisson (splitting thins bursts), and the burstiness of the whole stream is judged where
-    it matters, by simulating the fleet."""
+    """The request shapes and SLO a replica's capacity is measured on, with each sampled
+    request's prefix group (the probe then hits the replica's prefix cache as a fleet would,
+    capacity.py). Arrivals are Poisson whatever the workload's process: one replica's share
+    of a fleet's stream is close to Poisson (splitting thins bursts), and the burstiness of
+    the whole stream is judged where it matters, by simulating the fleet."""
     return sample_mix(requests.prompt_tokens, requests.output_tokens,
-                      workload.slo.ttft_ms / 1000, workload.slo.tpot_ms / 1000)
+                      workload.slo.ttft_ms / 1000, workload.slo.tpot_ms / 1000,
+                      groups=requests.prefix_group, prefix_tokens=requests.prefix_tokens)
 
 
-def pool_capacities(config: FleetConfig, mix: Mix, seed: int) -> dict[str, Capacity]:
+def pool_capacities(config: FleetConfig, mix: Mix, seed: int,
+                    target: float = TARGET) -> dict[str, Capacity]:
     out = {}
     for pool in config.pools:
         source = pool.endpoints[0].split("#", 1)[0]
-        out[pool.name] = replica_capacity(emulator_config(pool, source), mix, seed,
+        out[pool.name] = replica_capacity(emulator_config(pool, source), mix, seed, target,
                                           speed=source_speed(source))
     return out
 
@@ -110,7 +113,8 @@ def simulate(config: FleetConfig, workload: Workload, policies: list[str] | None
     requests, duration = workload_requests(workload, seed, duration_s)
     if progress:
         progress("capacity")
-    capacities = pool_capacities(config, workload_mix(workload, requests), seed)
+    mix = workload_mix(workload, requests)
+    capacities = pool_capacities(config, mix, seed)
     concurrency = {name: c.concurrency for name, c in capacities.items()}
     runs = []
     ttft, tpot = workload.slo.ttft_ms / 1000, workload.slo.tpot_ms / 1000
@@ -126,19 +130,52 @@ def simulate(config: FleetConfig, workload: Workload, policies: list[str] | None
         progress("done")
     judged = requests.until(duration)
     tokens = int(judged.output_tokens.sum())
+    best = max(float(run.summary["slo_attainment"]) for run in runs) if runs else 0.0
     return Report(seed, duration, judged, runs, capacities,
-                  bound_json(config, capacities, tokens, duration))
+                  bound_json(config, capacities, tokens, duration, best,
+                             lambda target: pool_capacities(config, mix, seed, target)))
+
+
+FALLBACK_TARGETS = (0.9, 0.5)
 
 
 def bound_json(config: FleetConfig, capacities: dict[str, Capacity], tokens: int,
-               duration_s: float) -> dict[str, Any]:
-    pools = [PoolCapacity(p.name, p.autoscale.max_replicas if p.autoscale else len(p.endpoints),
-                          p.price_per_replica_hour / 3600.0, capacities[p.name].tokens_per_s)
-             for p in config.pools]
-    bound = lower_bound(pools, tokens, duration_s)
-    if bound is None:
-        return {"usd": None, "usd_per_mtok": None,
-                "note": "these pools cannot make the tokens within the SLO"}
-    return {"usd": sig(bound.usd), "usd_per_mtok": sig(bound.usd_per_mtok),
-            "output_tokens": tokens,
+               duration_s: float, best_attainment: float = 0.0,
+               remeasure: Callable[[float], dict[str, Capacity]] | None = None,
+               ) -> dict[str, Any]:
+    """The lower bound over ``capacities`` (measured at ``TARGET``). Where these pools cannot
+    make the tokens at that attainment (no pool sustains any rate, or not enough) while a
+    policy made them (``best_attainment`` > 0), the capacities are measured again
+    (``remeasure``) at the best policy's attainment when it is below ``TARGET``, then at each
+    of ``FALLBACK_TARGETS`` below that, and the first bound that exists is reported with the
+    attainment it assumes (``slo_attainment``): a replica allowed to miss more sustains more,
+    so the bound only gets lower (looser), never above a policy's ``usd``. Null only when no
+    policy finished anything within the SLO or no target makes the tokens."""
+    targets = [TARGET]
+    if best_attainment > 0 and remeasure is not None:
+        first = min(TARGET, best_attainment)
+        targets += ([first] if first < TARGET else []) + [t for t in FALLBACK_TARGETS
+                                                          if t < first]
+    for target in targets:
+        caps = capacities if target == TARGET or remeasure is None else remeasure(target)
+        bound = lower_bound(_pool_rows(config, caps), tokens, duration_s)
+        if bound is None:
+            continue
+        out: dict[str, Any] = {
+            "usd": sig(bound.usd), "usd_per_mtok": sig(bound.usd_per_mtok),
+            "output_tokens": tokens, "slo_attainment": sig(target),
             "busy_replica_hours": {k: sig(v / 3600) for k, v in bound.busy_replica_s.items()}}
+        if target < TARGET:
+            out["note"] = (f"these pools cannot make the tokens with {TARGET:.0%} of requests "
+                           f"within the SLO on one replica's measured capacity; the bound is "
+                           f"at {target:.2%}")
+        return out
+    return {"usd": None, "usd_per_mtok": None,
+            "note": "these pools cannot make the tokens within the SLO"}
+
+
+def _pool_rows(config: FleetConfig, capacities: dict[str, Capacity]) -> list[PoolCapacity]:
+    return [PoolCapacity(p.name, p.autoscale.max_replicas if p.autoscale else len(p.endpoints),
+                         p.price_per_replica_hour / 3600.0,
+                         capacities[p.name].tokens_per_busy_s)
+            for p in config.pools]
