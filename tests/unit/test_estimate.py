@@ -84,7 +84,8 @@ def reference(live: LiveFleet, i: int, req: RoutingRequest, slo: Slo) -> dict[st
     slow = 1 / (1 - min((0.0 if math.isnan(rate) else rate) * prefill, 0.9))
     tpot = k * slow * (base + col("step_per_ctx_token_s") * ctx * min(active + 1, b_max))
     wait = math.ceil(max(0.0, active + 1 - b_max) / b_max) * tpot * g
-    ttft = col("k_ttft") * (base + prefill * n * (1 + col("queued")) + wait)
+    ttft = col("k_ttft") * (base + prefill * n * (1 + col("queued")) + wait) \
+        + tpot * n * (1 + col("queued")) / 8192
     typical = col("prompt_tokens_mean") if col("prompt_tokens_mean") > 0 else n
     answer = col("output_tokens_mean") if col("output_tokens_mean") > 0 else DEFAULT_MAX_TOKENS
     per_seq = col("step_per_ctx_token_s") * (typical + answer / 2) + prefill * typical / answer

@@ -18,6 +18,10 @@ prior of ``prior.py`` corrected by the learned ``k_tpot``/``k_ttft``:
              worst, for whole generations to free a slot: the running requests may all have
              started together; = ceil(max(0, active + 1 - B_max) / B_max) for whole counts)
     ttft   = k_ttft * (step_base + prefill_per_token * n * (1 + queued) + wait)
+             + tpot * n * (1 + queued) / PREFILL_STEP_TOKENS   (the queued prompts are
+             prefilled in chunks of a step's token budget, each step also running the
+             decodes: a burst of 20 long prompts on one replica took a third longer than
+             their prefill alone, and its last ones missed a TTFT SLO predicted met)
     n_typ, g_typ = the mean prompt and answer of the requests the gateway sent lately
              (``prompt_tokens_mean``, ``output_tokens_mean``, one value each for the fleet; n
              and DEFAULT_MAX_TOKENS before any: one request's own answer, 8 tokens or 2,000,
@@ -103,6 +107,7 @@ from fleetgate.routing.types import (
 DEFAULT_MAX_TOKENS = 256
 SLO_HEADROOM = 0.8
 MAX_PREFILL_SHARE = 0.9
+PREFILL_STEP_TOKENS = 8192.0  # a step's token budget: vLLM's and SGLang's defaults
 LEARNED_GROWTH = 1.5
 MAX_SLO_PREFILL_SHARE = 0.4
 PREFILL_TAU_S = 10.0  # state/live.py's time constant of prefill_tokens_per_s
@@ -198,7 +203,8 @@ def _kernel(live: FloatArray, static: FloatArray, live_in: IntArray, static_in: 
         tpot = k_tpot * slow * (base + ctx_cost * min(active + 1.0, b_max))
         wait = np.floor(active / b_max) * tpot * g
         prefill = static[prefill_r, i] * n * (live[queued_r, i] + 1.0)
-        ttft = live[k_ttft_r, i] * (base + prefill + wait)
+        steps = n * (live[queued_r, i] + 1.0) / PREFILL_STEP_TOKENS  # that share decodes' steps
+        ttft = live[k_ttft_r, i] * (base + prefill + wait) + steps * tpot
         typical = live[typ_n_r, i] if live[typ_n_r, i] > 0 else n  # NaN: nothing sent yet
         answer = live[typ_g_r, i] if live[typ_g_r, i] > 0 else DEFAULT_MAX_TOKENS
         short = live[short_r, i] if live[short_r, i] > 0 else g
