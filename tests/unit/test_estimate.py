@@ -119,8 +119,7 @@ def reference(live: LiveFleet, i: int, req: RoutingRequest, slo: Slo) -> dict[st
     meets = within and timely
     return {"active": active, "tpot_s": tpot, "ttft_s": ttft, "e2e_s": ttft + tpot * (g - 1),
             "slo_capacity": b_slo, "usd_per_mtok": usd, "marginal_usd": marginal,
-            "can_take": float(timely and active + 1 <= (b_slo if learned else 1.5 * b_slo)
-                              and (slo.tpot_s is None or share <= 0.4)),
+            "can_take": float(timely and active + 1 <= (b_slo if learned else 1.5 * b_slo)),
             "load": active / max(b_slo, 1.0),
             "meets_slo": float(meets), "kv_headroom_tokens": (1 - usage) * col(
                 "kv_capacity_tokens"), "fits_context": float(col("max_model_len") >= n + g)}

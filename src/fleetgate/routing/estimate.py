@@ -72,11 +72,14 @@ prior of ``prior.py`` corrected by the learned ``k_tpot``/``k_ttft``:
              the request's marginal price packing busy replicas, their prefill share is what
              gave way first: 98.4-98.9% within the SLO on the shipped and a ten-replica fleet
              without the bound, 99.6% with it at 0.4; BENCHMARKS.md, issue 22)
-    can_take = the same, with the prior's B_slo stretched to what the learned capacity may
-             grow to (LEARNED_GROWTH x) while nothing is learned: 1 when this request would
-             still be predicted within the SLO there (what admission control waits for: the
-             prior's guess steers where requests go; a cold fleet waits only past what the
-             learned capacity could reach)
+    can_take = the same without the prefill share, and with the prior's B_slo stretched to
+             what the learned capacity may grow to (LEARNED_GROWTH x) while nothing is
+             learned: 1 when this request would still be predicted within the SLO there
+             (what admission control waits for: the prior's guess steers where requests go;
+             a cold fleet waits only past what the learned capacity could reach). The
+             prefill share guards a tail of a percent or two: worth steering by, not worth
+             a 429 (with it, goodput at 2x the small fleet's capacity fell from 57.8 to
+             53.5 requests/s; without it, 71.4)
 
 The loop (numba) costs ~10 ns a candidate; as whole-column numpy operations the same
 formulas took ~60 calls whose fixed cost dominated a decision at any fleet size
@@ -246,8 +249,7 @@ def _kernel(live: FloatArray, static: FloatArray, live_in: IntArray, static_in: 
                   and (ttft_limit == np.inf or ttft <= ttft_limit))
         meets[j] = within and timely
         room = batch if learned else LEARNED_GROWTH * batch  # cold: what the prior may grow to
-        out[8, j] = 1.0 if timely and active + 1.0 <= room and (
-            tpot_limit == np.inf or share <= MAX_SLO_PREFILL_SHARE) else 0.0
+        out[8, j] = 1.0 if timely and active + 1.0 <= room else 0.0
         if batch > 0:
             fixed = k_tpot * g * base / min(active + 1.0, batch)
             out[9, j] = usd * (k_tpot * g * slow * ctx_cost
