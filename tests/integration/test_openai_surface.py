@@ -55,7 +55,8 @@ def test_openapi_document_is_valid_and_lists_the_contract(surface: Proc) -> None
     validate(doc)
     for path in ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings",
                  "/v1/messages", "/v1/models", "/admin/endpoints", "/admin/decisions",
-                 "/admin/costs", "/admin/reload", "/admin/endpoints/{endpoint_id}"):
+                 "/admin/costs", "/admin/reload", "/admin/endpoints/{endpoint_id}",
+                 "/health", "/version"):
         assert path in doc["paths"], path
     schemas = doc["components"]["schemas"]
     assert {"ChatCompletionRequest", "EndpointsReport", "RegistrationBody",

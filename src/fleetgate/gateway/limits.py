@@ -39,6 +39,19 @@ become per-replica) and ``degraded`` says so.
 ``LimitsObserver`` settles each admitted request through the observer seam: tokens and
 spend summed over its finished attempts, settled with the concurrency hold when it ends.
 
+Rate-limit headers (OpenAI's names and formats, ``rate_headers``): an answer to a key with
+an rpm or tpm limit carries ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` for
+the limits it has, from what admission counted (``Counted``: the window's total as the
+store answered, no extra store call): remaining = the limit less the window's total,
+this request included (a whole answer: its usage in place of its reservation, as the settle
+will make it; a stream: its reservation, the headers going out before its usage is known);
+reset = a duration (``openai_duration``: ``1s``, ``6m0s``, ``20ms``) until the window has
+forgotten everything counted so far: for requests 60 s from admission (this request is
+its newest entry, bar concurrent ones), for tokens 60 s (its usage enters the window when
+it ends). On a 429 the refused limit's reset is the time until the request would fit (what
+``retry-after`` rounds up); an rpm refusal reads the tpm window once (a pure check) so the
+429 carries both.
+
 May touch: the limit store, the auth principal, the observer seam, a fleet snapshot (read
 only). Must not touch: HTTP.
 """
@@ -46,6 +59,7 @@ only). Must not touch: HTTP.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -67,7 +81,7 @@ from fleetgate.gateway.proxy.request import ProxyRequest
 from fleetgate.routing import Decision, Endpoint, RoutingRequest
 from fleetgate.routing.estimate import prior_tpot
 from fleetgate.routing.types import STATIC_ROW, Snapshot
-from fleetgate.state.store import LimitStore
+from fleetgate.state.store import LimitStore, StoreUnavailable
 
 log = logging.getLogger("fleetgate.limits")
 
@@ -138,10 +152,23 @@ def _factor(k: float) -> float:
 
 
 @dataclass(slots=True)
+class Counted:
+    """One sliding window as admission saw it (for the rate-limit headers)."""
+
+    limit: int
+    used: float  # the window's total after the check (this request's amount included if admitted)
+    reserved: float = 0.0  # what this request put in it
+    refused_for_s: float | None = None  # refused: the seconds until the request fits
+
+
+@dataclass(slots=True)
 class Admission:
     """What one admitted request holds: settled (or given back) exactly once."""
 
     principal: Principal
+    at: float = 0.0  # when it was admitted (the limit store's clock)
+    requests: Counted | None = None  # the rpm window (None: no rpm limit)
+    token_window: Counted | None = None  # the tpm window (None: no tpm limit, or not reached)
     hold: str | None = None
     tpm_entry: str | None = None  # the tokens reserved in the tpm window
     spend_holds: list[tuple[str, str, float]] = field(default_factory=list)  # period, id, ttl
@@ -175,18 +202,42 @@ class LimitEnforcer:
         lim, key, now = principal.limits, principal.name, self.clock()
         if lim == NO_LIMITS:
             return None
+        admission = Admission(principal, now)
         if lim.rpm is not None:
             verdict = await self.store.take(f"rpm:{key}", 1, lim.rpm, MINUTE, now)
+            admission.requests = Counted(lim.rpm, verdict.used, 1.0 if verdict.allowed else 0.0,
+                                         None if verdict.allowed else verdict.retry_after_s)
             if not verdict.allowed:
-                raise _limited(f"key {key!r} is over its {lim.rpm} requests/min",
-                               verdict.retry_after_s)
-        admission = Admission(principal)
+                limited = _limited(f"key {key!r} is over its {lim.rpm} requests/min",
+                                   verdict.retry_after_s)
+                if lim.tpm is not None:  # the 429 carries the tokens' headers too
+                    with contextlib.suppress(StoreUnavailable):  # else: without them
+                        tokens = await self.store.take(f"tpm:{key}", 0, lim.tpm, MINUTE, now)
+                        admission.token_window = Counted(lim.tpm, tokens.used)
+                limited.headers.update(self.rate_headers(admission, final=True))
+                raise limited
         try:
             await self._reserve(admission, routing, snapshot, now)
-        except BaseException:
+        except BaseException as exc:
             self.spawn(self._give_back(admission, 0.0, 0.0))
+            if isinstance(exc, RateLimited):
+                exc.headers.update(self.rate_headers(admission, final=True))
             raise
         return admission
+
+    def rate_headers(self, admission: Admission, final: bool) -> dict[str, str]:
+        """OpenAI's rate-limit headers for the key's rpm and tpm limits (module doc).
+        ``final``: the request's usage is known (a whole answer, an error): it replaces the
+        reservation in the remaining tokens; else (a stream's start) the reservation counts."""
+        out: dict[str, str] = {}
+        req, tok = admission.requests, admission.token_window
+        if req is not None:
+            _dimension(out, "requests", req, MINUTE - (self.clock() - admission.at))
+        if tok is not None:
+            if final and tok.refused_for_s is None:
+                tok = Counted(tok.limit, tok.used - tok.reserved + admission.tokens)
+            _dimension(out, "tokens", tok, MINUTE if tok.used > 0 else 0.0)
+        return out
 
     async def _reserve(self, admission: Admission, routing: RoutingRequest | None,
                        snapshot: Callable[[], Snapshot] | None, now: float) -> None:
@@ -197,6 +248,9 @@ class LimitEnforcer:
             want = lim.tpm if routing is None else min(prompt + output_reserve(routing),
                                                        lim.tpm)
             verdict = await self.store.take(f"tpm:{key}", want, lim.tpm, MINUTE, now)
+            admission.token_window = Counted(lim.tpm, verdict.used,
+                                             want if verdict.allowed else 0.0,
+                                             None if verdict.allowed else verdict.retry_after_s)
             if not verdict.allowed:
                 raise _limited(f"key {key!r} is over its {lim.tpm} tokens/min (this request "
                                f"reserves {want:g})", verdict.retry_after_s)
@@ -244,6 +298,33 @@ class LimitEnforcer:
 def _limited(message: str, retry_after_s: float) -> RateLimited:
     seconds = max(1, math.ceil(retry_after_s))
     return RateLimited(message, headers={"retry-after": str(seconds)})
+
+
+def _dimension(out: dict[str, str], name: str, window: Counted, reset_s: float) -> None:
+    if window.refused_for_s is not None:
+        reset_s = window.refused_for_s
+    out[f"x-ratelimit-limit-{name}"] = str(window.limit)
+    out[f"x-ratelimit-remaining-{name}"] = str(max(0, math.floor(window.limit - window.used)))
+    out[f"x-ratelimit-reset-{name}"] = openai_duration(reset_s)
+
+
+def openai_duration(seconds: float) -> str:
+    """A duration as OpenAI's ``x-ratelimit-reset-*`` headers write it (Go's
+    ``time.Duration`` format, to the millisecond): ``"0s"``, ``"20ms"``, ``"1s"``,
+    ``"1.5s"``, ``"6m0s"``, ``"1h2m3s"``. Negative or NaN: ``"0s"``."""
+    ms = round(min(seconds, 1e9) * 1000) if seconds > 0 else 0  # NaN > 0 is False
+    if ms == 0:
+        return "0s"
+    if ms < 1000:
+        return f"{ms}ms"
+    hours, rest = divmod(ms, 3_600_000)
+    minutes, rest = divmod(rest, 60_000)
+    secs, frac = divmod(rest, 1000)
+    text = f"{secs}.{frac:03d}".rstrip("0") if frac else str(secs)
+    text += "s"
+    if hours:
+        return f"{hours}h{minutes}m{text}"
+    return f"{minutes}m{text}" if minutes else text
 
 
 def _day(now: float) -> str:

@@ -3,6 +3,8 @@
 The five proxy routes share one handler: parse (``parse.py``), authenticate, check the
 policy and the model (404 for a model nobody serves, 400 for one served but not over this
 API), admit against the caller's limits, then hand a ``ProxyRequest`` to the proxy service.
+An admitted request's answer (error or not; a stream's start) carries the key's rate-limit
+headers (``limits.LimitEnforcer.rate_headers``).
 They are plain Starlette routes inside the FastAPI app: no per-request model validation on
 the hot path. ``/openapi.json`` still documents their bodies (``schemas.OPENAI_BODIES``,
 added by ``app.py``).
@@ -28,7 +30,7 @@ from fleetgate.gateway.api.parse import (
     routing_request,
     wants_usage,
 )
-from fleetgate.gateway.errors import BadRequest, NotFound
+from fleetgate.gateway.errors import BadRequest, GatewayError, NotFound
 from fleetgate.gateway.proxy.apis import APIS, Api
 from fleetgate.gateway.proxy.client import ClientWatch, SSEResponse
 from fleetgate.gateway.proxy.request import ProxyRequest
@@ -74,7 +76,13 @@ async def proxy(request: Request, api: Api) -> Response:
         watch.close()
         if isinstance(exc, asyncio.CancelledError) and watch.left():
             return Response(status_code=499)  # the client left: nobody reads it
+        if isinstance(exc, GatewayError) and prepared.admission is not None:
+            exc.headers.update(state.limits.rate_headers(prepared.admission, final=True))
         raise
+    if prepared.admission is not None:  # a stream's go with its start: not sent yet
+        response.raw_headers.extend(
+            (k.encode(), v.encode()) for k, v in state.limits.rate_headers(
+                prepared.admission, final=not isinstance(response, SSEResponse)).items())
     if isinstance(response, SSEResponse):  # the stream watches on, and ends at shutdown
         response.watch = watch
         response.stop = getattr(request.app.state, "stop_streams", None)

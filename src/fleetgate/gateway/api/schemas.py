@@ -127,6 +127,10 @@ class Readiness(BaseModel):
     endpoints_total: int | None = None
 
 
+class Version(BaseModel):
+    version: str
+
+
 # -- admin --------------------------------------------------------------------------------------
 class EndpointRow(_Open):
     id: str

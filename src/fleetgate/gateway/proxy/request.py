@@ -31,6 +31,8 @@ class ProxyRequest:
     admission: Admission | None = None  # the caller's limits to settle; None: no limits
     priority: str = "normal"  # state.admission.PRIORITIES: who waits and who is shed first
     weight: float = 1.0  # the tenant's share when requests wait (weighted fair queuing)
+    # the ledger's charges for it so far, every attempt's (the telemetry recorder adds them)
+    cost_usd: float = 0.0
 
     @property
     def path(self) -> str:

@@ -18,7 +18,9 @@ with ``Retry-After`` when the wait would not fit the policy's TTFT SLO.
 Relay rules: the engine's bytes go to the client unchanged except the ``model`` field (the
 served name becomes the public one). Chat and completions streams always ask the engine for
 usage (``stream_options.include_usage``) so the gateway knows the token counts; the usage
-chunk is dropped again when the client did not ask for it.
+chunk is dropped again when the client did not ask for it. A whole (non-streamed) answer
+says what the ledger charged for it, every attempt's charge summed, in
+``x-fleetgate-cost-usd`` (its attempts have ended before the headers go).
 
 May touch: backends (relay), catalog (request quirks), routing types, state (the fleet).
 Must not touch: request parsing (``api/``), app wiring.
@@ -354,6 +356,7 @@ async def _relay_body(resp: UpstreamResponse, ex: Exchange, attempt: Attempt,
     except UpstreamError as exc:
         raise transport_failure(exc, attempt.ep.id) from None
     answer = whole_answer(ex.req.api.name, raw, attempt.ep.id, resp.content_type)
-    attempt.finished(ex.req.api.usage(answer.get("usage")))
+    attempt.finished(ex.req.api.usage(answer.get("usage")))  # the ledger charges it here
+    headers["x-fleetgate-cost-usd"] = repr(ex.req.cost_usd)  # every attempt's charge
     return Response(rewrite(raw), status_code=200, headers=headers,
                     media_type="application/json")

@@ -5,7 +5,8 @@ returns an ``AttemptTelemetry`` (the call order is in ``gateway/proxy/observer.p
 attempt is charged by the rule in ``costs.py``; the charge goes to the cost ledger
 (``/admin/costs``), ``fleetgate_cost_usd_total``, the attempt's client span and, summed
 over the request's attempts, to the server span and the request's log line, so all four
-add up to the same dollars.
+add up to the same dollars; the sum is kept on the ``ProxyRequest`` (``cost_usd``), where a
+whole answer's ``x-fleetgate-cost-usd`` header reads it.
 
 Cost on the hot path (DESIGN.md §4): with tracing off, ``tracing`` is ``None`` and no span,
 id, attribute dict or trace-id string is made; a request costs two small objects, a few
@@ -37,7 +38,7 @@ from fleetgate.gateway.telemetry.logs import RequestLog
 from fleetgate.gateway.telemetry.metrics import GatewayMetrics
 from fleetgate.gateway.telemetry.spans import AttemptSpan, RequestSpans
 from fleetgate.gateway.telemetry.tracing import Tracing
-from fleetgate.routing import Decision, Endpoint, RoutingRequest
+from fleetgate.routing import Decision, Endpoint
 
 
 @dataclass(slots=True)
@@ -68,8 +69,7 @@ class TelemetryObserver:
         self._accounts: dict[tuple[str, str, str, str], Account] = {}
 
     def request(self, req: ProxyRequest) -> RequestTelemetry:
-        return RequestTelemetry(self, req.request_id, req.path, req.routing, req.traceparent,
-                                req.body)
+        return RequestTelemetry(self, req)
 
     def account(self, ep: Endpoint, model: str, tenant: str) -> Account:
         key = (ep.id, ep.pool, model, tenant)
@@ -86,24 +86,23 @@ class TelemetryObserver:
 
 
 class RequestTelemetry:
-    __slots__ = ("attempts", "body", "cost_usd", "ended", "hub", "input_tokens", "last",
-                 "output_tokens", "path", "policy", "request_id", "routing", "spans", "t0",
-                 "tenant", "traceparent", "ttft_s")
+    __slots__ = ("attempts", "body", "ended", "hub", "input_tokens", "last", "output_tokens",
+                 "path", "policy", "proxied", "request_id", "routing", "spans", "t0", "tenant",
+                 "traceparent", "ttft_s")
 
-    def __init__(self, hub: TelemetryObserver, request_id: str, path: str,
-                 routing: RoutingRequest, traceparent: str | None, body: dict[str, Any]) -> None:
-        self.hub, self.request_id, self.path, self.routing = hub, request_id, path, routing
-        self.traceparent, self.body = traceparent, body
+    def __init__(self, hub: TelemetryObserver, req: ProxyRequest) -> None:
+        routing = req.routing
+        self.hub, self.request_id, self.path, self.routing = hub, req.request_id, req.path, routing
+        self.traceparent, self.body, self.proxied = req.traceparent, req.body, req
         self.t0 = hub.clock()
         self.tenant = routing.tenant or n.ANONYMOUS
         self.policy = ""
         self.attempts = self.input_tokens = self.output_tokens = 0
-        self.cost_usd = 0.0
         self.ttft_s: float | None = None
         self.last: AttemptTelemetry | None = None
         self.ended = False
-        self.spans = None if hub.tracing is None else RequestSpans(hub.tracing, path,
-                                                                    traceparent)
+        self.spans = None if hub.tracing is None else RequestSpans(hub.tracing, req.path,
+                                                                    req.traceparent)
 
     def routed(self, decision: Decision) -> None:
         self.policy = decision.policy
@@ -143,7 +142,7 @@ class RequestTelemetry:
             "status": status, "attempts": self.attempts, "stream": self.routing.stream,
             "ttft_ms": None if self.ttft_s is None else round(self.ttft_s * 1000, 3),
             "e2e_ms": round(e2e * 1000, 3), "input_tokens": self.input_tokens,
-            "output_tokens": self.output_tokens, "cost_usd": self.cost_usd,
+            "output_tokens": self.output_tokens, "cost_usd": self.proxied.cost_usd,
         }
 
     def _trace_id(self) -> str | None:
@@ -158,7 +157,7 @@ class RequestTelemetry:
             n.HTTP_METHOD: "POST", n.HTTP_ROUTE: self.path, n.HTTP_STATUS: status,
             n.GENAI_REQUEST_MODEL: self.routing.model, n.REQUEST_ID: self.request_id,
             n.TENANT: self.tenant, n.STREAM: self.routing.stream, n.ATTEMPTS: self.attempts,
-            n.COST_USD: self.cost_usd}
+            n.COST_USD: self.proxied.cost_usd}
         if status >= 500:  # HTTP server convention: 4xx is the client's, not an error
             attrs[n.ERROR_TYPE] = str(status)
             spans.end(attrs, str(status), error)
@@ -243,4 +242,4 @@ class AttemptTelemetry:
         acc.cost[outcome].inc(charge.usd)
         acc.gpu_seconds.inc(charge.gpu_seconds)
         acc.attempts[outcome].inc()
-        self.req.cost_usd += charge.usd
+        self.req.proxied.cost_usd += charge.usd  # the request's, its log line's, its header's
