@@ -225,3 +225,27 @@ def test_the_decision_log_bounds_the_candidates_it_keeps() -> None:
         log.record("r", pipe.route(request(), big.snapshot(1)))  # 40 each
     assert len(log) == 2  # the newest that fit in 100 candidates: two of 40
     assert len(log.latest(1, candidates=1)[0]["candidates"]) == 1
+
+
+def test_a_cached_prefix_lowers_the_marginal_cost_and_the_ttft_where_it_is_cached() -> None:
+    """What an endpoint's cache holds of the prompt is not prefilled again: its marginal $
+    and its TTFT are predicted without it, so the cost router sends a long shared prefix
+    back where it was cached when the price allows."""
+    from fleetgate.routing.plugins.prefix_cache import chunk_hashes
+
+    live = make_fleet()
+    pipe = pipeline("cost", slo={"ttft_ms": 2000, "tpot_ms": 50})
+    prompt = "system prompt " * 2000
+    hashes = chunk_hashes(prompt)
+    req = request(prompt_chars=len(prompt), prefix_hashes=hashes)
+    cold = pipe.route(req, live.snapshot(1))
+    i = next(j for j, ep in enumerate(live.endpoints) if ep.pool != chosen_pool(cold))
+    live.on_dispatch(i, 1.0, prefix_hashes=hashes)
+    live.on_finish(i, 1.0, 10, 1.0, 0.01)
+    warm = pipe.route(req, live.snapshot(1))
+    k_cold = [int(j) for j in cold.idx].index(i)
+    k_warm = [int(j) for j in warm.idx].index(i)
+    assert warm.estimates["ttft_s"][k_warm] < 0.5 * cold.estimates["ttft_s"][k_cold]
+    saved = cold.estimates["marginal_usd"][k_cold] - warm.estimates["marginal_usd"][k_warm]
+    prefill = live.endpoints[i].usd_per_s * live.column("prefill_s_per_token")[i]
+    assert saved == pytest.approx(prefill * 64 * len(hashes), rel=0.05)  # every chunk cached

@@ -98,6 +98,7 @@ import numpy as np
 
 from fleetgate.routing.compiled import compiled
 from fleetgate.routing.types import (
+    CHUNK_TOKENS,
     LIVE_ROW,
     STATIC_ROW,
     BoolArray,
@@ -152,6 +153,7 @@ _STATIC_IN = np.array([STATIC_ROW[name] for name in (
 _BASE, _PER_CTX, _PREFILL, _KV_CAP, _MAX_BATCH = (STATIC_ROW[name] for name in (
     "step_base_s", "step_per_ctx_token_s", "prefill_s_per_token", "kv_capacity_tokens",
     "max_batch"))
+_NO_HITS = np.zeros(0)
 _USABLE_IN = np.array([LIVE_ROW["usable_from"], LIVE_ROW["stale_at"]], dtype=np.intp)
 # The rows the kernel writes, in order.
 KERNEL_ROWS = ("b_max", "tpot_s", "ttft_s", "e2e_s", "slo_capacity", "usd_per_mtok", "load",
@@ -185,8 +187,8 @@ def prior_tpot(static: FloatArray, i: int, prompt_tokens: float, output_tokens: 
 
 @compiled
 def _kernel(live: FloatArray, static: FloatArray, live_in: IntArray, static_in: IntArray,
-            idx: IntArray, n: float, g: float, tpot_limit: float, ttft_limit: float,
-            out: FloatArray, meets: BoolArray) -> None:
+            idx: IntArray, n_sent: float, g: float, hits: FloatArray, tpot_limit: float,
+            ttft_limit: float, out: FloatArray, meets: BoolArray) -> None:
     """The module docstring's formulas for candidates ``idx``, one pass (compiled by numba).
 
     Limits are the SLO times the headroom, +inf without that SLO (then not compared, so an
@@ -195,10 +197,11 @@ def _kernel(live: FloatArray, static: FloatArray, live_in: IntArray, static_in: 
     (active_r, queued_r, kv_usage_r, k_tpot_r, k_ttft_r, prefill_rate_r, limit_r, knee_r,
      typ_n_r, typ_g_r, short_r) = live_in
     base_r, per_ctx_r, prefill_r, kv_cap_r, max_batch_r, usd_r = static_in
-    ctx = n + g / 2
-    full = n + g
+    ctx = n_sent + g / 2
+    full = n_sent + g
     for j in range(idx.shape[0]):
         i = idx[j]
+        n = max(n_sent - hits[j], 1.0) if hits.shape[0] else n_sent  # what it must prefill
         slow = _prefill_slowdown(live[prefill_rate_r, i], static[prefill_r, i])
         active, k_tpot = live[active_r, i], live[k_tpot_r, i]
         base, ctx_cost, cap = static[base_r, i], static[per_ctx_r, i] * ctx, static[kv_cap_r, i]
@@ -292,6 +295,7 @@ class Estimates:
         self._now = snap.taken_at
         self._n = float(req.prompt_tokens_estimate)
         self._g = float(req.max_tokens or DEFAULT_MAX_TOKENS)
+        self._hashes = req.prefix_hashes
         self.slo = slo
         self._one: dict[int, tuple[FloatArray, BoolArray]] = {}  # at(): one candidate's run
 
@@ -312,7 +316,7 @@ class Estimates:
             return float(self[name][k])
         one = self._one.get(k)
         if one is None:
-            one = self._one[k] = self._run(self._idx[k:k + 1])
+            one = self._one[k] = self._run(slice(k, k + 1))
         return float(one[1][0] if name == "meets_slo" else one[0][KERNEL_ROWS.index(name), 0])
 
     def column(self, name: str) -> FloatArray:
@@ -342,16 +346,27 @@ class Estimates:
 
     @lazy
     def _kernel_out(self) -> tuple[FloatArray, BoolArray]:
-        return self._run(self._idx)
+        return self._run(slice(None))
 
-    def _run(self, idx: IntArray) -> tuple[FloatArray, BoolArray]:
+    def _run(self, positions: slice) -> tuple[FloatArray, BoolArray]:
+        idx = self._idx[positions]
         out = np.empty((len(KERNEL_ROWS), len(idx)))
         meets = np.empty(len(idx), dtype=bool)
         tpot, ttft = self.slo.tpot_s, self.slo.ttft_s
+        hits = self.prefix_chunks[positions] * CHUNK_TOKENS if self._hashes else _NO_HITS
         _kernel(self._snap.live, self._snap.static, _LIVE_IN, _STATIC_IN, idx, self._n,
-                self._g, np.inf if tpot is None else SLO_HEADROOM * tpot,
+                self._g, hits, np.inf if tpot is None else SLO_HEADROOM * tpot,
                 np.inf if ttft is None else SLO_HEADROOM * ttft, out, meets)
         return out, meets
+
+    @lazy
+    def prefix_chunks(self) -> FloatArray:
+        """Per candidate, how many of the prompt's leading chunks it was recently sent (the
+        prefix index, ``state/prefix.py``): what its cache probably holds of this prompt."""
+        index = self._snap.prefix
+        if not self._hashes or index is None:
+            return np.zeros(len(self._idx))
+        return index.matched(self._hashes, len(self._snap.endpoints))[self._idx]
 
     b_max = _KernelRow("b_max")
     tpot_s = _KernelRow("tpot_s")
@@ -376,8 +391,9 @@ def _warm_up() -> None:
     for matrix in (live, static):  # read-only, as a snapshot's: numba compiles per flavour
         matrix.setflags(write=False)
     one = np.zeros(1, dtype=np.intp)
-    _kernel(live, static, _LIVE_IN, _STATIC_IN, one, 1.0, 1.0, 1.0, np.inf,
-            np.empty((len(KERNEL_ROWS), 1)), np.empty(1, dtype=bool))
+    for hits in (np.zeros(0), np.zeros(1)):
+        _kernel(live, static, _LIVE_IN, _STATIC_IN, one, 1.0, 1.0, hits, 1.0, np.inf,
+                np.empty((len(KERNEL_ROWS), 1)), np.empty(1, dtype=bool))
     _usable(live, _USABLE_IN, one, 0.0, np.empty(1, dtype=bool))
 
 

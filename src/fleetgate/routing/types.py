@@ -25,6 +25,10 @@ from fleetgate.catalog.pricing import usd_per_second
 Health = Literal["pending", "ready", "not_ready"]
 HEALTH_CODES: dict[Health, int] = {"pending": 0, "ready": 1, "not_ready": 2}
 FloatArray = npt.NDArray[np.float64]
+# A prompt is hashed in chunks of CHUNK_CHARS characters (~CHUNK_TOKENS tokens at 4 a token)
+# for the prefix index and the prefix_cache scorer (plugins/prefix_cache.py)
+CHUNK_TOKENS = 64
+CHUNK_CHARS = CHUNK_TOKENS * 4
 IntArray = npt.NDArray[np.intp]
 BoolArray = npt.NDArray[np.bool_]
 

@@ -28,10 +28,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from fleetgate.routing.plugins.base import ScoringInput
-from fleetgate.routing.types import FloatArray
+from fleetgate.routing.types import CHUNK_CHARS, CHUNK_TOKENS, FloatArray
 
-CHUNK_TOKENS = 64
-CHUNK_CHARS = CHUNK_TOKENS * 4
+__all__ = ["CHUNK_CHARS", "CHUNK_TOKENS", "PrefixCacheParams", "chunk_hashes", "prefix_cache"]
 
 
 class PrefixCacheParams(BaseModel):
@@ -53,10 +52,10 @@ def chunk_hashes(text: str, chunk_chars: int = CHUNK_CHARS) -> tuple[int, ...]:
 
 
 def prefix_cache(inp: ScoringInput, params: PrefixCacheParams) -> FloatArray:
-    hashes, index = inp.req.prefix_hashes, inp.snap.prefix
-    if not hashes or index is None:
+    hashes = inp.req.prefix_hashes
+    if not hashes:
         return np.zeros(len(inp.idx))
-    matched = index.matched(hashes, len(inp.snap.endpoints))[inp.idx] * (1.0 / len(hashes))
+    matched = inp.est.prefix_chunks * (1.0 / len(hashes))
     if not matched.any():
         return matched
     active = inp.est.active
