@@ -1,14 +1,14 @@
 """The SLO capacity the router learns for an endpoint class, against the capacity ``plan``
 bisects for one replica of it (issue 22): printed, and held within a band.
 
-Two replicas of one class under 1.2x their simulated SLO capacity (cost policy, so the
+Two replicas of one class at 0.9x their simulated SLO capacity (cost policy, so the
 router packs them to what it believes they hold) for the scenario matrix's chat mix; at the
 end, the concurrency the router allows one replica (its ``slo_capacity`` for a typical
 request, learned capacity and prior combined as ``routing/estimate.py`` does) is compared
 with the mean concurrency one replica holds at the rate ``sim/capacity.py`` bisects
 (Poisson arrivals, 99% within the SLO). The two measure different things (a cap against a
 Poisson mean, and under packing the replica's prefill share binds before the cap does), so
-this test holds a wide band only; the issue's 15% is missed (ratios 2.5-2.6 at the end of
+this test holds a wide band only; the issue's 15% is missed (ratios 1.7-2.1 at the end of
 issue 22's session), reported in BENCHMARKS.md.
 """
 
@@ -40,7 +40,7 @@ def test_learned_capacity_against_the_planners(gpu: str, engine: str,
         "default_policy": "cost"})
     requests, _ = workload_requests(work, 1, None)
     planned = pool_capacities(config, workload_mix(work, requests), 1)["p"]
-    rate = 2 * 1.2 * planned.rate_per_s
+    rate = 2 * 0.9 * planned.rate_per_s
     work = work.model_copy(update={
         "duration_s": 240.0, "arrivals": work.arrivals.model_copy(update={"rate_per_s": rate})})
     seen: dict[str, float] = {}
@@ -63,5 +63,5 @@ def test_learned_capacity_against_the_planners(gpu: str, engine: str,
     ratio = seen["allowed"] / planned.concurrency
     print(f"{gpu}/{engine}: learned {seen['allowed']:.0f} per replica, plan's bisection "
           f"{planned.concurrency:.1f} (ratio {ratio:.2f}; {seen['judged']:.0f} results)")
-    assert seen["judged"] > 1000  # the class learned from its own requests
+    assert seen["judged"] > 500  # the class learned from its own requests
     assert 0.5 < ratio < 3.0
