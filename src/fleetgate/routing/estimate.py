@@ -4,7 +4,9 @@ One compiled pass over the candidate endpoints, run the first time a filter, sco
 the explainer asks for any estimate, so a round-robin decision never pays for it. With the
 prior of ``prior.py`` corrected by the learned ``k_tpot``/``k_ttft``:
 
-    n      = prompt tokens (estimate), g = max_tokens (256 when absent), C = n + g/2
+    n      = prompt tokens (estimate) less what the candidate's cache probably holds of the
+             prompt (its leading chunks in the prefix index, ``state/prefix.py``), in every
+             prefill term below; g = max_tokens (256 when absent), C = prompt + g/2
     active = max(in_flight + peers' in_flight, running + queued)   (ours are exact, the
              other replicas' one sync interval old, the engine's one scrape old; kept
              current by ``LiveFleet``)
@@ -47,8 +49,11 @@ prior of ``prior.py`` corrected by the learned ``k_tpot``/``k_ttft``:
              endpoint's class (``slo_limit``, ``state/slo_capacity.py``: the largest load
              whose requests were seen to meet the SLO, one bin above the loads seen so far
              until misses are seen to rise, the knee ``slo_knee``) replaces it: B_slo =
-             slo_limit at a knee, else max(slo_limit, B_slo_prior) (the prior stands until
-             the class's own latency shows where it stops), clipped to [1, B_max]
+             slo_limit at a knee, else max(slo_limit, B_slo_prior) but at most
+             LEARNED_GROWTH x B_slo_prior (the prior stands until the class's own latency
+             shows where it stops; past it, the model grows one load bin at a time and no
+             further than half again: the tail it guards is rare, and a bin judged good on
+             a few hundred requests is weak evidence), clipped to [1, B_max]
     usd_per_mtok = usd_per_s * 1e6 * k_tpot * (step_base + per_seq * B_slo) / B_slo  (replica
              $/s over the tokens/s it sustains at the SLO; infinite when it cannot meet the
              SLO at all): what a token costs at capacity, the average price
