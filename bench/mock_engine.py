@@ -23,6 +23,16 @@ Endpoints:
 Run: ``python bench/mock_engine.py --port N [--frame-gap-ms G]`` (0 = any free port); it prints
 ``MOCK_ENGINE_READY http://127.0.0.1:<port>`` on stdout once it listens.
 
+Standing in for a whole fleet (``bench/collector_overhead.py``, ``bench/scale.py``: one engine
+behind thousands of loopback addresses, ``--host 0.0.0.0``) it holds a socket per gateway
+connection: it lifts its soft open-files limit to the hard one at start, ``--backlog``
+sizes the listen queue for a gateway's first tick connecting to every endpoint at once,
+``--idle-timeout-s T`` closes a connection no request came on for T seconds, as uvicorn
+under vLLM does after 5 s (``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``; off by default: instant
+answers only, a stream with ``--frame-gap-ms`` is not a request in progress to it), and
+``--stats`` counts the requests by kind (``GET /_mock/stats``: how many scrapes the
+gateways made, without asking them). Both off, the request path is the plain one.
+
 May touch: sockets on the given host. Must not touch: fleetgate (it is the engine's stand-in).
 """
 
@@ -35,6 +45,7 @@ import json
 import socket
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -179,6 +190,7 @@ class Engine:
     def __init__(self, frame_gap_s: float = 0.0, metrics_text: bytes | None = None) -> None:
         self.frame_gap_s = frame_gap_s
         self.metrics_text = metrics_text
+        self._captured: bytes | None = None  # the answer carrying metrics_text
         self.running = 0
         self.generated = 0
         self._plain: dict[str, bytes] = {}
@@ -200,9 +212,11 @@ class Engine:
         return out
 
     def metrics(self) -> bytes:
-        if self.metrics_text is not None:
-            return _response("200 OK", b"text/plain; version=0.0.4; charset=utf-8",
-                             self.metrics_text)
+        if self.metrics_text is not None:  # whole, whatever the query: as vLLM answers
+            if self._captured is None:
+                self._captured = _response("200 OK", b"text/plain; version=0.0.4; charset=utf-8",
+                                           self.metrics_text)
+            return self._captured
         text = (
             "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
             "# TYPE vllm:num_requests_running gauge\n"
@@ -269,7 +283,7 @@ class HttpConnection(asyncio.Protocol):
             self.completion(body)
         elif path == b"/health":
             transport.write(HEALTH)
-        elif path == b"/metrics":
+        elif path.startswith(b"/metrics"):
             transport.write(self.engine.metrics())
         elif path == b"/v1/models":
             transport.write(
@@ -328,6 +342,56 @@ class HttpConnection(asyncio.Protocol):
         self.transport = None
 
 
+class FleetConnection(HttpConnection):
+    """``HttpConnection`` for an engine standing in for a fleet (``--stats``,
+    ``--idle-timeout-s``): counts the requests by kind, answers ``GET /_mock/stats`` with
+    the counts and the open connections, and is closed by ``sweep_idle`` when no request
+    came for a while."""
+
+    def __init__(self, engine: Engine, live: set[FleetConnection], counts: Counter[str]) -> None:
+        super().__init__(engine)
+        self.live = live
+        self.counts = counts
+        self.last = time.monotonic()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.live.add(self)
+        self.counts["connections"] += 1
+
+    def data_received(self, data: bytes) -> None:
+        self.last = time.monotonic()
+        super().data_received(data)
+
+    def handle(self, head: bytes, body: bytes) -> None:
+        line = head[: head.find(b"\r\n")] if b"\r\n" in head else head
+        path = line.split(b" ")[1] if line.count(b" ") >= 1 else b""
+        if path == b"/_mock/stats":
+            assert self.transport is not None
+            self.transport.write(_response("200 OK", b"application/json", _dumps(
+                {**self.counts, "open": len(self.live)})))
+            return
+        if path.startswith(b"/metrics"):
+            self.counts["metrics"] += 1
+        else:
+            self.counts[path.partition(b"?")[0].decode("latin-1")] += 1
+        super().handle(head, body)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.live.discard(self)
+        super().connection_lost(exc)
+
+
+async def sweep_idle(live: set[FleetConnection], timeout_s: float) -> None:
+    while True:
+        await asyncio.sleep(timeout_s / 4)
+        cutoff = time.monotonic() - timeout_s
+        for conn in [c for c in live if c.last < cutoff]:
+            if conn.transport is not None:
+                conn.transport.close()
+            live.discard(conn)
+
+
 def _content_length(head: bytes) -> int:
     i = head.lower().find(b"\r\ncontent-length:")
     if i < 0:
@@ -336,13 +400,34 @@ def _content_length(head: bytes) -> int:
     return int(head[i + 17 : j if j >= 0 else None].strip())
 
 
+def lift_open_files_limit() -> int:
+    """The soft open-files limit raised to the hard one (a connection per endpoint and
+    gateway replica: thousands); returns the limit in force."""
+    try:
+        import resource
+    except ImportError:  # not Unix
+        return -1
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
 async def serve(host: str, port: int, frame_gap_s: float = 0.0,
-                metrics_text: bytes | None = None) -> None:
+                metrics_text: bytes | None = None, backlog: int = 1024,
+                idle_timeout_s: float = 0.0, stats: bool = False) -> None:
     engine = Engine(frame_gap_s, metrics_text)
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(
-        lambda: HttpConnection(engine), host, port, reuse_address=True, backlog=1024
-    )
+    factory: Callable[[], asyncio.Protocol] = lambda: HttpConnection(engine)  # noqa: E731
+    background: list[asyncio.Task[None]] = []  # held: an unreferenced task may be collected
+    if stats or idle_timeout_s > 0:
+        live: set[FleetConnection] = set()
+        counts: Counter[str] = Counter()
+        factory = lambda: FleetConnection(engine, live, counts)  # noqa: E731
+    if idle_timeout_s > 0:
+        background.append(asyncio.create_task(sweep_idle(live, idle_timeout_s)))
+    server = await loop.create_server(factory, host, port, reuse_address=True, backlog=backlog)
     bound = server.sockets[0].getsockname()[1]
     print(f"{READY_PREFIX}http://{host}:{bound}", flush=True)
     async with server:
@@ -357,15 +442,23 @@ def main(argv: list[str] | None = None) -> None:
                         help="pause between stream frames (default 0: all at once)")
     parser.add_argument("--metrics-file", default=None,
                         help="serve this file as /metrics (e.g. a captured vLLM exposition)")
+    parser.add_argument("--backlog", type=int, default=1024,
+                        help="listen queue (the kernel caps it at net.core.somaxconn)")
+    parser.add_argument("--idle-timeout-s", type=float, default=0.0,
+                        help="close a connection idle this long (default 0: never)")
+    parser.add_argument("--stats", action="store_true",
+                        help="count requests by kind, served as JSON at GET /_mock/stats")
     args = parser.parse_args(argv)
     metrics = Path(args.metrics_file).read_bytes() if args.metrics_file else None
+    lift_open_files_limit()
     runner: Callable[[Coroutine[Any, Any, None]], None] = asyncio.run
     with contextlib.suppress(ImportError):
         import uvloop
 
         runner = uvloop.run
     with contextlib.suppress(KeyboardInterrupt):
-        runner(serve(args.host, args.port, args.frame_gap_ms / 1000, metrics))
+        runner(serve(args.host, args.port, args.frame_gap_ms / 1000, metrics, args.backlog,
+                     args.idle_timeout_s, args.stats))
     sys.exit(0)
 
 

@@ -7,7 +7,8 @@ cell simulated for the cost, least_loaded and round_robin policies and its lower
 A cell's rate is ``load x`` the fleet's SLO capacity as the simulator measures it: the sum
 over replicas of what one sustains with 99% of the workload's requests within the SLO
 (``sim/capacity.py``, the figure ``plan`` and the lower bound use). Cells run in separate
-processes (``--jobs``, default: every core); progress goes to stderr, the tables to stdout
+processes (``--jobs``, default: every core; ``fleetgate.sim.parallel.Runner``, what
+``simulate`` and ``plan`` use); progress goes to stderr, the tables to stdout
 (one per fleet, the same that BENCHMARKS.md shows), and each cell is checked against the
 issue's targets (cost >= 99% within the SLO wherever least_loaded is; busy $/Mtok at most
 0.85x least_loaded's and 0.75x round_robin's at 30% and 60% load, 0.95x both at 85%; at most
@@ -20,9 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -128,20 +127,11 @@ def main() -> int:
     matrix = yaml.safe_load((args.dir / "matrix.yaml").read_text())
     todo = [c for c in cells(matrix) if not args.only or args.only in f"{c[0]}/{c[1]}"]
     policies, seed = matrix["policies"], int(matrix.get("seed", 1))
-    rows: list[dict[str, Any]] = []
-    t0 = time.perf_counter()
-    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = {pool.submit(run_cell, f, w, load, policies, seed, str(args.dir)):
-                   (f, w, load) for f, w, load in todo}
-        for done, future in enumerate(as_completed(futures), 1):
-            f, w, load = futures[future]
-            rows.append(future.result())
-            bar = "#" * (30 * done // len(todo))
-            print(f"\r[{bar:<30}] {done}/{len(todo)} {f}/{w}@{load:.0%} "
-                  f"({time.perf_counter() - t0:.0f} s)", end="", file=sys.stderr, flush=True)
-    print(file=sys.stderr)
-    order = {c: k for k, c in enumerate(todo)}
-    rows.sort(key=lambda r: order[(r["fleet"], r["workload"], r["load"])])
+    from fleetgate.sim.parallel import Runner
+
+    with Runner(args.jobs, "scenarios") as runner:
+        rows = runner.map(lambda c: f"{c[0]}/{c[1]}@{c[2]:.0%}", run_cell,
+                          [(f, w, load, policies, seed, str(args.dir)) for f, w, load in todo])
     text = "\n".join(table(rows, fleet) for fleet in dict.fromkeys(r["fleet"] for r in rows))
     missed = sum(bool(r["misses"]) for r in rows)
     text += f"\n{len(rows) - missed} of {len(rows)} cells meet every target.\n"

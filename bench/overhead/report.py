@@ -23,6 +23,8 @@ LABELS = {
     "fleetgate": "fleetgate, cost policy",
     "fleetgate-granian": "fleetgate, cost policy, on granian {v}",
     "fleetgate-traced": "fleetgate, cost policy, tracing 100 %",
+    "fleetgate-base": "fleetgate before (--baseline), cost policy",
+    "fleetgate-base-traced": "fleetgate before (--baseline), tracing 100 %",
     "litellm": "LiteLLM proxy {v}",
 }
 
@@ -204,6 +206,53 @@ def ratio_lines(chosen: dict[tuple[str, str, int], Cell]) -> list[str]:
         x = ratio(get("fleetgate-traced", mode, 32), fg, cpu)
         out.append(f"- {mode}, c=32: fleetgate CPU/req, tracing 100 % / off = {fmt_x(x)} "
                    f"(target <= 1.10x: {verdict(x, at_most=1.10)})")
+    out += issue26_lines(set(chosen), get, ratio, verdict)
+    return out
+
+
+def issue26_lines(keys: set[tuple[str, str, int]], get: Callable[[str, str, int], Cell | None],
+                  ratio: Callable[[Cell | None, Cell | None, Callable[[Cell], float]], float],
+                  verdict: Callable[..., str]) -> list[str]:
+    """Issue 26's targets against the naive pass-through, and the change against the
+    baseline's code where ``--baseline`` ran it."""
+    def cpu(c: Cell) -> float:
+        return c.sut_ms
+
+    def rps(c: Cell) -> float:
+        return c.rps
+
+    out = ["", "Issue 26 (against the naive pass-through, same run):"]
+    for mode in ("plain", "stream"):
+        for conc in sorted({k for (s, m, k) in keys if s == "fleetgate" and m == mode}):
+            x = ratio(get("fleetgate", mode, conc), get("naive", mode, conc), cpu)
+            out.append(f"- {mode}, c={conc}: CPU/req fleetgate / naive = {fmt_x(x)} "
+                       f"(target <= 1.0x: {verdict(x, at_most=1.0)})")
+    x = ratio(get("fleetgate", "plain", 32), get("naive", "plain", 32), rps)
+    out.append(f"- plain, c=32: req/s fleetgate / naive = {fmt_x(x)} "
+               f"(target >= 1.0x: {verdict(x, at_least=1.0)})")
+    for mode in ("plain", "stream"):
+        fg, nv, d = get("fleetgate", mode, 1), get("naive", mode, 1), get("direct", mode, 1)
+        if fg and nv and d:
+            a, b = fg.pct(.5) - d.pct(.5), nv.pct(.5) - d.pct(.5)
+            out.append(f"- {mode}, c=1: added p50 fleetgate {a:+.3f} ms, naive {b:+.3f} ms "
+                       f"(target fleetgate <= naive: {verdict(a - b, at_most=0.0)})")
+    for mode in ("plain", "stream"):
+        x = ratio(get("fleetgate-traced", mode, 32), get("fleetgate", mode, 32), cpu)
+        out.append(f"- {mode}, c=32: CPU/req tracing 100 % / off = {fmt_x(x)} "
+                   f"(target <= 1.10x: {verdict(x, at_most=1.10)})")
+    base = [k for k in keys if k[0] == "fleetgate-base"]
+    if base:
+        out += ["", "Against the baseline's code (--baseline), same run, CPU/req after / "
+                "before:"]
+        for _, mode, conc in sorted(base, key=lambda k: (k[1], k[2])):
+            x = ratio(get("fleetgate", mode, conc), get("fleetgate-base", mode, conc), cpu)
+            y = ratio(get("fleetgate", mode, conc), get("fleetgate-base", mode, conc), rps)
+            out.append(f"- {mode}, c={conc}: CPU/req {fmt_x(x)}, req/s {fmt_x(y)}")
+        for mode in ("plain", "stream"):
+            x = ratio(get("fleetgate-traced", mode, 32), get("fleetgate-base-traced", mode, 32),
+                      cpu)
+            if x == x:
+                out.append(f"- {mode}, c=32, tracing 100 %: CPU/req {fmt_x(x)}")
     return out
 
 

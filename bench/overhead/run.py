@@ -85,6 +85,7 @@ import relay_overhead as ro  # noqa: E402  (bench/ scripts are not a package)
 import tracing_overhead as to  # noqa: E402
 from report import Cell, best, headline, ratio_lines, report  # noqa: E402
 from systems import (  # noqa: E402
+    BASE,
     EXTRA,
     LITELLM_SPEC,
     LOAD_CPU,
@@ -252,6 +253,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="fleetgate request log off, sglang-router log level warn")
     parser.add_argument("--sglang-spec", default=SGLANG_SPEC)
     parser.add_argument("--litellm-spec", default=LITELLM_SPEC)
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="a checkout's src/ (e.g. a worktree of the commit before): adds "
+                             "fleetgate-base, and fleetgate-base-traced beside "
+                             "fleetgate-traced, run from that code in the same run")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     args.window_s = args.window_s or (1.5 if args.quick else 3.0)
@@ -261,7 +266,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     unknown = set(names) - set(SYSTEMS + EXTRA)
     if unknown:
         parser.error(f"unknown systems: {', '.join(sorted(unknown))}")
-    args.names = [s for s in (*SYSTEMS[:3], *EXTRA, *SYSTEMS[3:]) if s in names]
+    if args.baseline is not None:
+        if not (args.baseline / "fleetgate").is_dir():
+            parser.error(f"--baseline {args.baseline}: no fleetgate package there")
+        names += [b for b, of in zip(BASE, ("fleetgate", "fleetgate-traced"), strict=True)
+                  if of in names]
+    order = (*SYSTEMS[:3], BASE[0], *EXTRA, SYSTEMS[3], BASE[1], *SYSTEMS[4:])
+    args.names = [s for s in order if s in names]
     return args
 
 

@@ -38,6 +38,7 @@ SGLANG_SPEC = "sglang-router==0.3.2"
 LITELLM_SPEC = "litellm[proxy]==1.108.5"
 SYSTEMS = ("sglang-router", "naive", "fleetgate", "fleetgate-traced", "litellm")
 EXTRA = ("naive-granian", "fleetgate-granian")  # on request: the same apps served by granian
+BASE = ("fleetgate-base", "fleetgate-base-traced")  # with --baseline: another checkout's code
 GRANIAN = ["--interface", "asgi", "--loop", "uvloop", "--workers", "1", "--runtime-threads",
            "1", "--runtime-mode", "st", "--no-access-log", "--log-level", "warning",
            "--host", "127.0.0.1"]
@@ -225,19 +226,22 @@ def launch(name: str, mock: str, port: int, tmp: Path, args: argparse.Namespace,
             ("uvicorn", "starlette", "fastapi", "aiohttp", "uvloop", "httptools", "orjson",
              "granian")
             if _has_dist(d)}
-    if name in ("fleetgate", "fleetgate-traced"):
+    if name in ("fleetgate", "fleetgate-traced", *BASE):
         config = tmp / f"{name}.yaml"
         config.write_text(ro.gateway_config(mock, "cost"))
         exe = Path(sys.executable).parent / "fleetgate"
         cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "fleetgate.cli"]
+        if name in BASE:  # the same entry point over the baseline's package (its src/)
+            env["PYTHONPATH"] = str(args.baseline)
+            cmd = [sys.executable, "-m", "fleetgate.cli"]
         if args.quiet_logs:
             env["FLEETGATE_REQUEST_LOG"] = "off"
-        if name == "fleetgate-traced":
+        if name.endswith("-traced"):
             if receiver is None:
                 raise NotAvailable("no OTLP receiver")
             env.update(OTEL_EXPORTER_OTLP_ENDPOINT=receiver, OTEL_TRACES_SAMPLER="always_on")
-        versions = {"fleetgate": f"{importlib.metadata.version('fleetgate')} @ {git_rev()}",
-                    **here}
+        rev = git_rev(args.baseline) if name in BASE else git_rev()
+        versions = {"fleetgate": f"{importlib.metadata.version('fleetgate')} @ {rev}", **here}
         return Launch([*cmd, "serve", "--config", str(config), "--port", str(port)], env,
                       versions=versions)
     if name == "fleetgate-granian":
@@ -297,8 +301,8 @@ def _has_dist(name: str) -> bool:
     return True
 
 
-def git_rev() -> str:
-    rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+def git_rev(where: Path | None = None) -> str:
+    rev = subprocess.run(["git", "-C", str(where or ROOT), "rev-parse", "--short", "HEAD"],
                          capture_output=True, text=True).stdout.strip()
     return rev or "?"
 

@@ -18,6 +18,7 @@ import typer
 from fleetgate.catalog.engines import ENGINES as CATALOG_ENGINES
 from fleetgate.catalog.gpus import GPUS as CATALOG_GPUS
 from fleetgate.config import ConfigError, FleetConfig, load_config
+from fleetgate.config.schema import AdapterConfig, PoolConfig
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="OpenAI-compatible gateway for mixed AMD + NVIDIA GPU fleets.")
@@ -116,6 +117,10 @@ def emulate(
     tp: Annotated[Optional[int], typer.Option(help="tensor-parallel degree (default: the smallest that fits)")] = None,  # noqa: E501, UP045
     max_model_len: Annotated[Optional[int], typer.Option(help="context length")] = None,  # noqa: UP045
     max_queued_requests: Annotated[Optional[int], typer.Option(help="queue cap")] = None,  # noqa: UP045
+    enable_lora: Annotated[bool, typer.Option(help="serve LoRA adapters")] = False,
+    lora_modules: Annotated[Optional[list[str]], typer.Option(help="NAME=PATH: an adapter served from the start (repeatable; docs/lora.md)")] = None,  # noqa: E501, UP045
+    max_loras: Annotated[Optional[int], typer.Option(help="distinct adapters in one batch")] = None,  # noqa: UP045
+    allow_runtime_lora: Annotated[bool, typer.Option(help="vLLM's load/unload routes (VLLM_ALLOW_RUNTIME_LORA_UPDATING)")] = False,  # noqa: E501
 ) -> None:
     """Run one emulated vLLM or SGLang engine server."""
     from fleetgate.emulator import EmulatorConfig, run_emulator
@@ -126,7 +131,9 @@ def emulate(
     cfg = EmulatorConfig.model_validate({
         "engine": engine, "gpu": gpu, "served_models": model, "profile": profile, "speed": speed,
         "stack": stack, "tp": tp, "max_model_len": max_model_len,
-        "max_queued_requests": max_queued_requests})
+        "max_queued_requests": max_queued_requests, "enable_lora": enable_lora,
+        "lora_modules": dict(m.split("=", 1) for m in lora_modules or [] if "=" in m),
+        "max_loras": max_loras, "runtime_lora": allow_runtime_lora})
     run_emulator(cfg, host, port)
 
 
@@ -179,8 +186,12 @@ def render_fleet(config: FleetConfig) -> str:
     for p in config.pools:
         models = ", ".join(f"{pub} -> {srv}" if pub != srv else pub
                            for pub, srv in p.models.items())
+        prices = [f"{p.price_per_gpu_hour:.2f}", f"{p.price_per_replica_hour:.2f}"]
+        if p.price_per_mtok is not None:  # a hosted API: per token, not per hour
+            prices = ["per token", f"${p.price_per_mtok.input:g}/${p.price_per_mtok.output:g} "
+                      "per Mtok in/out"]
         rows.append([p.name, p.vendor, p.runtime, p.accelerator, p.engine, str(len(p.endpoints)),
-                     f"{p.price_per_gpu_hour:.2f}", f"{p.price_per_replica_hour:.2f}", models])
+                     *prices, models])
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -188,6 +199,14 @@ def render_fleet(config: FleetConfig) -> str:
     for p in config.pools:
         for url in p.endpoints:
             lines.append(f"endpoint {p.name}: {url}")
+        if p.autoscale is not None:
+            lines.append(f"autoscale {p.name}: {p.autoscale.model_dump()}")
+        if p.adapters or p.discover_adapters:  # LoRA adapters (docs/lora.md)
+            names = ", ".join(f"{a.name} (on {p.adapter_base(a)}{_adapter_note(p, a)})"
+                              for a in p.adapters) or "none declared"
+            lines.append(f"adapters {p.name}: {names}; at most {p.max_adapters} per endpoint"
+                         f"{'; loaded at run time' if p.load_adapters else ''}"
+                         f"{'; more from the engines' if p.discover_adapters else ''}")
     lines.append("")
     for name, pol in config.policies.items():
         marker = " (default)" if name == config.default_policy else ""
@@ -198,6 +217,13 @@ def render_fleet(config: FleetConfig) -> str:
     auth = "open (no API keys)" if config.auth is None else f"{len(config.auth.keys)} keys"
     lines.append(f"auth: {auth}")
     return "\n".join(lines)
+
+
+def _adapter_note(pool: PoolConfig, adapter: AdapterConfig) -> str:
+    if pool.adapter_preloaded(adapter):
+        return ""
+    return ", loaded on demand" if pool.load_adapters and adapter.path else \
+        ", where the engines list it"
 
 
 def _print_errors(exc: ConfigError) -> None:

@@ -15,15 +15,13 @@ import os
 import re
 import shutil
 import threading
-import time
-from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 import httpx
 import pytest
+from dashpage import Page, api_value, check_number, check_page_against, find, wait
 
 from procs import Proc, spawn_gateway
 
@@ -48,17 +46,6 @@ def _config() -> dict[str, Any]:
         "auth": {"admin_keys": [ADMIN_KEY],
                  "keys": [{"name": t, "key": k, "tenant": t} for t, k in KEYS.items()]},
     }
-
-
-def wait(check: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
-    """The first truthy ``check()`` (polled every 50 ms) within ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class Traffic:
@@ -128,47 +115,6 @@ def traffic(gateway: Proc) -> Iterator[Traffic]:
         thread.join(timeout=30)
 
 
-class Page:
-    """A logged-in dashboard page and what it saw: admin answers by poll, requests, errors."""
-
-    def __init__(self, browser: Any, base: str) -> None:
-        self.base = base
-        self.context = browser.new_context(viewport={"width": 1400, "height": 1000})
-        self.page = self.context.new_page()
-        self.polls: dict[int, dict[str, Any]] = defaultdict(dict)
-        self.urls: list[str] = []
-        self.errors: list[str] = []
-        self.page.on("request", lambda r: self.urls.append(r.url))
-        self.page.on("response", self._keep)
-        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
-        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
-
-    def _keep(self, response: Any) -> None:
-        poll = response.request.headers.get("x-dashboard-poll")
-        if poll is not None and response.ok:
-            self.polls[int(poll)][urlparse(response.url).path] = response.json()
-
-    def poll(self) -> int:
-        return int(self.page.get_attribute("body", "data-poll") or 0)
-
-    def wait_poll(self, after: int) -> int:
-        return int(wait(lambda: self.poll() > after and self.poll(), f"a poll after {after}"))
-
-    def pause(self) -> dict[str, Any]:
-        """Stop polling; the admin answers of the poll now on screen."""
-        self.page.click("#pause")
-        wait(lambda: self.page.get_attribute("body", "data-busy") == "false", "no poll in flight")
-        return self.polls[self.poll()]
-
-    def resume(self) -> None:
-        self.page.click("#pause")
-
-    def numbers(self, scope: str = "") -> list[dict[str, str]]:
-        return list(self.page.locator(f"{scope} [data-src]").evaluate_all(
-            "els => els.map(e => ({src: e.dataset.src, id: e.dataset.id || '', k: e.dataset.k,"
-            " fmt: e.dataset.fmt || 'num', value: e.dataset.value, text: e.textContent}))"))
-
-
 @pytest.fixture(scope="module")
 def page(browser: Any, gateway: Proc) -> Iterator[Page]:
     p = Page(browser, gateway.url)
@@ -181,66 +127,13 @@ def page(browser: Any, gateway: Proc) -> Iterator[Page]:
 
 
 # ---------------------------------------------------------------------------- helpers
-
-def _find(rows: list[dict[str, Any]], key: str, value: str) -> dict[str, Any] | None:
-    return next((r for r in rows if r.get(key) == value), None)
-
-
-def _predicted(decisions: list[dict[str, Any]]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for d in decisions:
-        for c in d["candidates"]:
-            if c["pool"] not in out and c["estimates"].get("usd_per_mtok") is not None:
-                out[c["pool"]] = c["estimates"]["usd_per_mtok"]
-    return out
-
-
-def api_value(answers: dict[str, Any], n: dict[str, str]) -> Any:
-    """The admin API's value behind one number on the page."""
-    endpoints, costs = answers["/admin/endpoints"], answers["/admin/costs"]
-    src, ident, k = n["src"], n["id"], n["k"]
-    if src == "decisions":
-        return _predicted(answers["/admin/decisions"]["decisions"]).get(ident)
-    if src == "derived":  # the pool's queue: its endpoints' queues added up
-        return None
-    table = {"endpoints.pools": (endpoints["pools"], "pool"),
-             "endpoints.endpoints": (endpoints["endpoints"], "id"),
-             "costs.pools": (costs["pools"], "pool"), "costs.tenants": (costs["tenants"], "tenant")}
-    rows, key = table[src]
-    row = _find(rows, key, ident)
-    return None if row is None else row.get(k)
-
-
-def check_number(n: dict[str, str], expected: Any) -> None:
-    where = f"{n['src']}[{n['id']}].{n['k']}"
-    if expected is None:
-        assert n["value"] == "" and n["text"] == "\u2013", f"{where}: page {n}, API None"
-        return
-    assert float(n["value"]) == float(expected), f"{where}: page {n['value']}, API {expected}"
-    scale = {"ms": 1000.0, "pct": 100.0}.get(n["fmt"], 1.0)
-    shown = float(re.sub(r"[$,%]| ms", "", n["text"]))
-    want = float(expected) * scale
-    slack = 0.5 if n["fmt"] == "int" or abs(want) >= 1000 else 5e-4 * abs(want)
-    assert abs(shown - want) <= slack + 1e-12, f"{where}: shows {n['text']!r} for {expected}"
-
-
-def check_page_against(page: Page, answers: dict[str, Any], scope: str = "") -> int:
-    checked = 0
-    for n in page.numbers(scope):
-        if n["src"] == "derived":
-            continue
-        check_number(n, api_value(answers, n))
-        checked += 1
-    return checked
-
-
 # ---------------------------------------------------------------------------- tests
 
 def test_the_page_is_the_gateways_own_and_loads_nothing_from_elsewhere(gateway: Proc) -> None:
     page = httpx.get(gateway.url + "/dashboard")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert "default-src 'self'" in page.headers["content-security-policy"]
-    for name in ("dashboard.js", "dashboard.css"):
+    for name in ("dashboard.js", "scaling.js", "dashboard.css"):
         assert httpx.get(f"{gateway.url}/dashboard/{name}").status_code == 200
     assert httpx.get(gateway.url + "/dashboard/evil.js").status_code == 404
     for path in STATIC.iterdir():  # no CDN, no external font, no absolute URL of any kind
@@ -335,7 +228,7 @@ def test_opening_a_decision_shows_every_candidate_and_why_it_lost(page: Page,
     traffic.quiet()
     row = page.page.locator("#decisions tbody tr[data-request]").nth(2)
     request_id = row.get_attribute("data-request")
-    decision = _find(answers["/admin/decisions"]["decisions"], "request_id", request_id or "")
+    decision = find(answers["/admin/decisions"]["decisions"], "request_id", request_id or "")
     assert decision is not None
     row.click()
     page.page.wait_for_selector("#decision:not([hidden])")

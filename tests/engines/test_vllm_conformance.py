@@ -27,6 +27,7 @@ from engine_contract import (
     assert_vllm_error_body,
     split_frames,
 )
+from fleetgate.backends.metrics import parse_engine_metrics
 
 MESSAGES = [{"role": "user", "content": "Say something about GPUs."}]
 CHAT = {"model": SERVED, "messages": MESSAGES}
@@ -275,6 +276,23 @@ def test_metrics_parse_and_count_a_request(target: Target) -> None:
     assert after[length] == before[length] + 1
     assert after["vllm:generation_tokens_total"] == before["vllm:generation_tokens_total"] + 6
     assert after["vllm:prompt_tokens_total"] > before["vllm:prompt_tokens_total"]
+
+
+def test_metrics_ignore_a_name_filter(target: Target) -> None:
+    """``?name[]=`` (prometheus_client's filter) changes nothing: vLLM's ``/metrics`` route is
+    prometheus-fastapi-instrumentator's, ahead of the prometheus_client app it also mounts,
+    and sends the whole exposition. So the collector asks for it whole and parses only the
+    lines it reads (``state/collector.py``); the emulator answers the same."""
+    whole = httpx.get(target.url + "/metrics", timeout=10).text
+    asked = httpx.get(target.url + "/metrics?name%5B%5D=vllm%3Anum_requests_running",
+                      timeout=10).text
+
+    def families(text: str) -> set[str]:
+        return {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
+
+    assert families(asked) == families(whole)
+    assert "vllm:num_requests_waiting" in families(asked)
+    assert parse_engine_metrics(asked, "vllm").waiting is not None
 
 
 def _disconnect_mid_stream(target: Target) -> tuple[dict[str, float], dict[str, float]]:

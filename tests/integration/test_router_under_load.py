@@ -49,10 +49,19 @@ async def test_bursts_do_not_push_light_traffic_off_the_cheapest_pool(tmp_path: 
     token at the SLO), and the learned corrections stay bounded."""
     # speed 1, as `make run`: faster emulation would make the relay, not the engines, the
     # bottleneck of 48 streams on this 2-core machine, and the router would rightly learn it
-    async with inproc_gateway(_default_fleet(speed=1), tmp_path) as (url, state):
+    config = _default_fleet(speed=1)
+    # at its list price MI300X is within 10% of H200 per token on this workload (the 8B's
+    # calibration, docs/gpus.md), and a near tie may rightly go either way: a clear margin
+    next(p for p in config["pools"] if p["name"] == "mi300x-sglang")["price_per_gpu_hour"] = 1.5
+    async with inproc_gateway(config, tmp_path) as (url, state):
         await tick(state)
         client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0,
                                     timeout=120)
+        # the pool cheapest per token hangs on the answers' typical length (routing/
+        # estimate.py): learn it from answers like the bursts' first, one at a time (no load)
+        for _ in range(3):
+            await _stream(client, 300)
+            await tick(state)
         cheapest = await _stream(client, 8)
         for _ in range(2):
             await asyncio.gather(*(_stream(client, 300) for _ in range(48)))
@@ -79,7 +88,7 @@ async def test_past_capacity_low_priority_is_shed_with_retry_after(tmp_path: Pat
                    "price_per_gpu_hour": 2.0, "endpoints": ["emulated://vllm/h100?speed=1"],
                    "models": {MODEL: "meta-llama/Llama-3.1-8B-Instruct"}}],
         "policies": {"cheapest": {"strategy": "cost",
-                                  "slo": {"ttft_ms": 2000, "tpot_ms": 20}}},
+                                  "slo": {"ttft_ms": 2000, "tpot_ms": 10}}},
         "default_policy": "cheapest",
     }
 

@@ -77,7 +77,7 @@ def _cheapest_meeting_slo_fleet() -> dict:
             _pool("h100-mid", "h100", "vllm", 2.50, "emulated://vllm/h100" + fast, M8B),
             _pool("h200-dear", "h200", "sglang", 3.60, "emulated://sglang/h200" + fast, M8B),
         ],
-        "policies": {"cheapest": {"strategy": "cost", "slo": {"ttft_ms": 300, "tpot_ms": 10}},
+        "policies": {"cheapest": {"strategy": "cost", "slo": {"ttft_ms": 300, "tpot_ms": 4}},
                      "fastest": {"strategy": "latency"}},
         "default_policy": "cheapest",
     }
@@ -158,6 +158,9 @@ async def test_slowed_endpoint_loses_traffic_under_latency_and_cost(tmp_path: Pa
             for _ in range(12):
                 seen.append((await _stream(client, "llama-3.1-8b", 8, headers=headers))["pool"])
                 await tick(state)
+                # a correction moves at most 2x a second (state/learning.py): requests 15 ms
+                # apart would teach it nothing however slow the endpoint got
+                await asyncio.sleep(0.15)
             assert seen[-6:].count(victim) <= 1, (policy, seen)  # moved off it
             httpx.post(url_of + "/emulator/faults", json={"slow_factor": 1}).raise_for_status()
 
@@ -199,8 +202,17 @@ async def test_invalid_reload_keeps_the_old_config_serving(tmp_path: Path) -> No
         assert any(e.startswith("pools[1].price_per_gpu_hour") for e in
                    resp.json()["error"]["errors"]), resp.json()
         client = _client(url)
-        await _stream(client, "llama-3.1-8b", 2)  # the workload's answer length, now known
-        assert (await _stream(client, "llama-3.1-8b", 2))["pool"] == "h100-cheap"
+        # the catalog's prior TPOT for an H100 misses the 4 ms SLO (these emulators run 5x
+        # faster): the router must first see a few answers and scrapes, as in the light-load
+        # test, before the old prices steer it; a judgement on one request was flaky in CI
+        pools = Counter()
+        for i in range(8):
+            pool = (await _stream(client, "llama-3.1-8b", 8))["pool"]
+            pools[pool] += i >= 4
+            await tick(state)
+        assert pools["h100-cheap"] >= 3, pools
+        eps = (await _get(url + "/admin/endpoints")).json()["endpoints"]
+        assert next(e for e in eps if e["id"] == "h100-cheap-0")["price_per_gpu_hour"] == 2.0
         path.write_text(good.replace("default_policy: cheapest", "default_policy: fastest"))
         resp = await _post(url + "/admin/reload")
         assert resp.status_code == 200, resp.text

@@ -142,10 +142,10 @@ async def test_shared_state_failover_never_raises() -> None:
         async def registrations(self, *a, **kw):
             raise StoreUnavailable("down")
 
-        async def publish_costs(self, *a, **kw):
+        async def publish_blob(self, *a, **kw):
             raise StoreUnavailable("down")
 
-        async def costs(self, *a, **kw):
+        async def blobs(self, *a, **kw):
             raise StoreUnavailable("down")
 
     clock = FakeClock()
@@ -154,13 +154,14 @@ async def test_shared_state_failover_never_raises() -> None:
     assert await shared.peers("a") == {}
     assert shared.degraded
     for write in (shared.put_registration("http://w:1", b"r", 5, T0),
-                  shared.drop_registration("http://w:1"), shared.publish_costs("a", b"{}", 5)):
+                  shared.drop_registration("http://w:1"),
+                  shared.publish_blob("costs", "a", b"{}", 5)):
         clock.t += 1.0  # each one may probe the primary again
         await write
     clock.t += 1.0
     assert await shared.registrations() == []
     clock.t += 1.0
-    assert await shared.costs() == {}
+    assert await shared.blobs("costs") == {}
     assert shared.degraded
 
 
@@ -188,8 +189,8 @@ async def test_a_dead_redis_raises_store_unavailable_at_once(server: RedisServer
     for call in (limits.take("k", 1, 5, 60, T0), limits.acquire("c", 1, 30, T0),
                  limits.spent("t", "p"), shared.publish("a", {"ep": SHARE}, 5),
                  shared.peers("a"), shared.put_registration("http://w:1", b"r", 5, T0),
-                 shared.registrations(), shared.publish_costs("a", b"{}", 5),
-                 shared.costs()):
+                 shared.registrations(), shared.publish_blob("costs", "a", b"{}", 5),
+                 shared.blobs("costs")):
         with pytest.raises(StoreUnavailable):
             await timed(call)
     await limits.close()

@@ -161,3 +161,19 @@ def test_a_prefix_run_is_byte_identical_per_seed() -> None:
                      "prefix": {"groups": 4, "tokens": 1000}}})
     one = dumps(simulate(config, w, seed=4).as_json())
     assert one == dumps(simulate(config, w, seed=4).as_json())
+
+
+def test_the_provisioned_bound_pays_the_floors_then_the_cheapest_capacity_per_bin() -> None:
+    # floors: one dear replica (3 $/h, 2000 tok/s) paid for two 60 s bins = $0.1;
+    # bin 1 asks for 60 s x 2000 tok/s (the floor makes it all), bin 2 for 60 s x 3500:
+    # 1500 tok/s more, on the cheapest per token first (cheap: 1000 tok/s per replica, 2
+    # replicas -> 90 replica-s at 1 $/h = $0.025) -- bin 2 needs only 90 of its 120 s
+    from fleetgate.sim.bound import provisioned_bound
+
+    found = provisioned_bound(POOLS, {"dear": 1}, [120_000.0, 210_000.0], bin_s=60.0)
+    assert found is not None
+    assert found.floors_usd == pytest.approx(3.0 / HOUR * 120)
+    assert found.replica_s == pytest.approx({"cheap": 90.0, "dear": 0.0, "slow": 0.0})
+    assert found.usd == pytest.approx(3.0 / HOUR * 120 + 1.0 / HOUR * 90)
+    # more than every ceiling makes: no bound
+    assert provisioned_bound(POOLS, {"dear": 1}, [1e9], bin_s=60.0) is None

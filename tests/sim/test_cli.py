@@ -32,6 +32,27 @@ def test_simulate_writes_json_and_a_plot(tmp_path: Path) -> None:
     assert png.read_bytes().startswith(b"\x89PNG")
 
 
+def test_simulate_json_is_the_same_bytes_whatever_jobs(tmp_path: Path) -> None:
+    """--jobs 2 runs the policies in two processes; the JSON is the same bytes as one by one,
+    stdout is the table and the progress is on stderr only."""
+    outputs = []
+    for jobs in ("1", "2"):
+        out = tmp_path / f"sim-{jobs}.json"
+        result = CliRunner().invoke(app, [
+            "simulate", "--config", str(EXAMPLES / "mixed-fleet.yaml"), "--workload",
+            str(EXAMPLES / "chat-workload.yaml"), "--policies", "cost,least_loaded",
+            "--duration", "10", "--seed", "4", "--json", str(out), "--jobs", jobs])
+        assert result.exit_code == 0, result.output
+        assert "least_loaded" in result.stdout and "simulate: cost" not in result.stdout
+        assert f"{jobs} jobs" in result.stderr and "simulate: cost" in result.stderr
+        outputs.append(out.read_bytes())
+    assert outputs[0] == outputs[1]
+    bad = CliRunner().invoke(app, ["simulate", "--config", str(EXAMPLES / "mixed-fleet.yaml"),
+                                   "--workload", str(EXAMPLES / "chat-workload.yaml"),
+                                   "--jobs", "0"])
+    assert bad.exit_code == 1 and "--jobs" in bad.output
+
+
 def test_simulate_says_what_is_wrong_with_a_file(tmp_path: Path) -> None:
     bad = tmp_path / "w.yaml"
     bad.write_text("slo: {ttft_ms: 1}\narrivals: {process: poisson, rate_per_s: 1}\n")
@@ -57,10 +78,13 @@ def test_plan_writes_a_fleet_the_gateway_loads(tmp_path: Path) -> None:
     out, fleet = tmp_path / "plan.json", tmp_path / "fleet.yaml"
     result = CliRunner().invoke(app, ["plan", "--workload", str(work), "--prices", str(prices),
                                       "--gpus", "h100,mi300x", "--json", str(out),
-                                      "--out", str(fleet)])
+                                      "--out", str(fleet), "--jobs", "2"])
     assert result.exit_code == 0, result.output
+    assert "plan: cost on" in result.stderr and "plan: cost on" not in result.stdout
     planned = orjson.loads(out.read_bytes())
     assert planned["meets_target"] and planned["fleet"]
+    assert planned["usd_per_hour"] <= planned["baselines"]["least_loaded_confirmed"]["usd_per_hour"]
+    assert planned["ip_optimum_usd_per_hour"] <= planned["usd_per_hour"]
     config = load_config(fleet)  # what `fleetgate serve` and `fleetgate check` read
     assert {p.accelerator for p in config.pools} <= {"h100", "mi300x"}
     assert any(p.price_per_gpu_hour == 2.2 for p in config.pools if p.accelerator == "h100") \

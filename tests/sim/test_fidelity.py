@@ -1,5 +1,10 @@
 """Fidelity: one emulated replica simulated in virtual time vs the live emulator over HTTP.
 
+Two tests: the original one-point comparison below (means), and a bounded smoke of the
+fidelity matrix (``bench/fidelity_matrix.py``, ``make fidelity``: vLLM and SGLang, 8B and
+70B, light / medium / near-capacity load): two of its cells, short, at faster clocks than the
+full matrix, each figure (TTFT p50, TPOT p50, output throughput) within 10% as here.
+
 The same requests (prompt token ids, exact output lengths, Poisson arrivals) go to a real
 emulated vLLM engine process (70B FP8 on one H200, clock 2x) by a streaming HTTP client, and
 through ``fleetgate simulate``'s machinery (router, gateway, live state) to a simulated
@@ -10,7 +15,10 @@ The live side is paced by its schedule of arrivals; nothing waits for a state.
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
+from dataclasses import replace
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -22,6 +30,9 @@ from fleetgate.sim.fleet import build_fleet
 from fleetgate.sim.loop import Simulation
 from fleetgate.sim.outcomes import OK
 from procs import spawn_emulator
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import fidelity_matrix
 
 SPEED = 2.0
 PROFILE = "llama-3.1-70b-fp8"
@@ -90,3 +101,21 @@ def test_simulated_replica_matches_the_live_emulator() -> None:
     assert live_ttft.mean() == pytest.approx(out.ttft_s.mean(), rel=0.10)
     assert live_tpot.mean() == pytest.approx(out.tpot_s.mean(), rel=0.10)
     assert live_tput == pytest.approx(sim_tput, rel=0.10)
+
+
+# Cells whose figures are large beside the HTTP hop even at these faster clocks (the light
+# 8B cell's TTFT is one ~25 ms prefill: it needs the full matrix's --speed 0.25).
+SMOKE = [("sglang-8b-medium", 0.5), ("vllm-70b-near", 1.0)]
+
+
+@pytest.mark.parametrize(("name", "speed"), SMOKE)
+def test_fidelity_matrix_cell(name: str, speed: float, tmp_path: Path) -> None:
+    cell = next(c for c in fidelity_matrix.all_cells() if c.name == name)
+    r = fidelity_matrix.run_cell(replace(cell, speed_override=speed), seconds=4.0, seed=3,
+                                 min_requests=20, max_requests=30, workdir=tmp_path)
+    print("\n" + fidelity_matrix.table([r], 0.10))
+    assert not r.notes  # every live request answered, every prompt the planned length
+    ttft, tpot, tput = r.ratios()
+    assert ttft == pytest.approx(1.0, rel=0.10)
+    assert tpot == pytest.approx(1.0, rel=0.10)
+    assert tput == pytest.approx(1.0, rel=0.10)

@@ -42,7 +42,7 @@ def test_learned_capacity_against_the_planners(gpu: str, engine: str,
     planned = pool_capacities(config, workload_mix(work, requests), 1)["p"]
     rate = 2 * 0.9 * planned.rate_per_s
     work = work.model_copy(update={
-        "duration_s": 240.0, "arrivals": work.arrivals.model_copy(update={"rate_per_s": rate})})
+        "duration_s": 360.0, "arrivals": work.arrivals.model_copy(update={"rate_per_s": rate})})
     seen: dict[str, float] = {}
     run = loop.Simulation.run
 

@@ -30,6 +30,11 @@ def test_json_has_the_design_contract() -> None:
                 "tpot_ms", "pools"} <= set(p)
         assert set(p["ttft_ms"]) >= {"p50", "p95", "p99"}
         assert sum(row["share"] for row in p["pools"].values()) == pytest.approx(1.0)
+        # the pools' attainments, weighted by their answers, make the policy's (none shed)
+        rows = p["pools"].values()
+        assert sum((r["slo_attainment"] or 0) * r["requests"] for r in rows) == pytest.approx(
+            p["slo_attainment"] * p["requests"], abs=1.5)
+        assert all(r["ttft_misses"] >= 0 and r["tpot_misses"] >= 0 for r in rows)
         # a fixed fleet is billed for every replica the whole time
         assert p["provisioned_usd"] == pytest.approx(30 * (2 * 1.5 + 2 * 4.0) / 3600, rel=1e-5)
         assert 0 < p["usd"] <= p["provisioned_usd"] * 1.0001
@@ -103,6 +108,9 @@ def test_autoscaling_follows_the_load_and_bills_what_existed() -> None:
     assert p["provisioned_usd"] == pytest.approx(
         sum(b - a for _, a, b in spans) * 3.0 / 3600, rel=1e-5)
     assert p["slo_attainment"] > 0.9
+    bound = report.as_json()["lower_bound"]  # the bill's bound with floors (bound.py)
+    assert 0 < bound["provisioned_floors_usd"] <= bound["provisioned_usd"]
+    assert bound["provisioned_usd"] <= p["provisioned_usd"]
 
 
 def test_a_request_log_replays_through_simulate(tmp_path: Path) -> None:

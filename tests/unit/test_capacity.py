@@ -213,7 +213,9 @@ class _Engine:
     async def probe(self, *_: Any, **__: Any) -> ProbeResult:
         return ProbeResult(self.up, "200" if self.up else "connect refused")
 
-    async def scrape(self, _ep: Endpoint) -> EngineLoad:
+    async def scrape(self, _ep: Endpoint) -> EngineLoad | None:
+        if not self.up:
+            return None  # what a scrape of an engine that went away gets
         return EngineLoad(waiting=0, running=0, kv_usage=0.0,
                           generation_tokens_total=self.generated)
 
@@ -227,7 +229,7 @@ def engine(monkeypatch: pytest.MonkeyPatch) -> _Engine:
     fake = _Engine()
     monkeypatch.setattr(collector_module, "probe", fake.probe)
     monkeypatch.setattr(collector_module, "read_capacity", fake.read)
-    monkeypatch.setattr(Collector, "_scrape", lambda self, ep: fake.scrape(ep))
+    monkeypatch.setattr(Collector, "_scrape", lambda self, ep, i: fake.scrape(ep))
     return fake
 
 
@@ -367,3 +369,91 @@ async def test_an_output_cap_over_the_context_is_named(api: str, cap: str) -> No
     assert exc.message == (f"'{cap}' is too large: 9000. This model's maximum context length "
                            "is 8192 tokens and your request has about 108 input tokens "
                            "(9000 > 8192 - 108).")
+
+
+async def test_probes_and_capacity_reads_carry_the_pools_api_key() -> None:
+    """A hosted API (or a vLLM with --api-key) answers 401 without the key: the collector's
+    probe and capacity read send the pool's ``api_key`` (``Endpoint.auth_headers``)."""
+    from aiohttp import web
+
+    from fleetgate.backends.capacity import read_capacity
+    from fleetgate.backends.http1 import Http1Backend
+    from fleetgate.backends.probes import probe
+
+    async def models(request: web.Request) -> web.Response:
+        if request.headers.get("authorization") != "Bearer sk-key":
+            return web.json_response({"error": {"message": "no key"}}, status=401)
+        return web.json_response({"object": "list", "data": [
+            {"id": SERVED, "object": "model", "max_model_len": 12345}]})
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    ep = Endpoint("h-0", "h", url, "openai", "h100", "nvidia", {"m": SERVED}, api_key="sk-key")
+    client = Http1Backend(max_idle_per_host=2)  # the control plane's one client
+    try:
+        assert not (await probe(client, url, ENGINES["openai"])).ok  # 401 without it
+        assert (await probe(client, url, ENGINES["openai"], 2.0, ep.auth_headers)).ok
+        read = await read_capacity(client, url, ENGINES["openai"], 2.0, ep.auth_headers)
+        assert read.max_model_len == 12345
+        assert (await read_capacity(client, url, ENGINES["openai"])).max_model_len is None
+    finally:
+        await client.close()
+        await runner.cleanup()
+
+
+async def test_capacity_reads_over_the_control_plane_client(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``read_capacity`` on the lean client (``backends/http1.py``): a 404 tries the next
+    path, any other failure (an error status, a body that does not decode or parse, one over
+    ``MAX_BODY_BYTES``, an engine that is not there) leaves the source's fields unknown, and
+    nothing raises."""
+    from aiohttp import web
+
+    import fleetgate.backends.capacity as capacity
+    from fleetgate.backends.capacity import read_capacity
+    from fleetgate.backends.http1 import Http1Backend
+
+    served: dict[str, tuple[int, bytes]] = {}  # path -> status, body (else 404)
+    hits: list[str] = []
+
+    async def any_path(request: web.Request) -> web.Response:
+        hits.append(request.path)
+        status, body = served.get(request.path, (404, b""))
+        return web.Response(status=status, body=body)
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", any_path)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    client = Http1Backend(max_idle_per_host=2)
+    sglang, vllm = ENGINES["sglang"], ENGINES["vllm"]
+    try:
+        served["/get_server_info"] = (200, b'{"max_total_num_tokens": 4096}')
+        served["/model_info"] = (500, b"{}")
+        read = await read_capacity(client, url, sglang)
+        assert read.kv_capacity_tokens == 4096 and read.architecture is None
+        assert hits == ["/v1/models", "/server_info", "/get_server_info", "/model_info"]
+        served["/v1/models"] = (200, b"{not json")
+        served["/get_server_info"] = (200, b'{"max_total_num_tokens": \xff}')
+        assert (await read_capacity(client, url, sglang)).empty
+        metric = b'vllm:cache_config_info{block_size="16",num_gpu_blocks="100"} 1.0\n'
+        served["/metrics"] = (200, metric)
+        assert (await read_capacity(client, url, vllm)).kv_capacity_tokens == 1600
+        served["/metrics"] = (200, b"\xff" + metric)  # not UTF-8
+        assert (await read_capacity(client, url, vllm)).empty
+        monkeypatch.setattr(capacity, "MAX_BODY_BYTES", len(metric) - 1)
+        served["/metrics"] = (200, metric)
+        assert (await read_capacity(client, url, vllm)).empty
+    finally:
+        await client.close()
+        await runner.cleanup()
+    assert (await read_capacity(client, url, vllm, 0.5)).empty  # nothing listens there now
+    await client.close()

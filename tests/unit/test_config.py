@@ -55,6 +55,11 @@ def test_env_interpolation() -> None:
     (_pool() + "default_policy: nope\n", "default_policy: 'nope' is not in policies"),
     (_pool() + "routes: [{match: {model: x}, policy: nope}]\n", "routes[0].policy: 'nope'"),
     (_pool() + _pool().replace("pools:\n", ""), "pools: names must be unique"),
+    (_pool().replace("engine: vllm", "engine: vllm\n    autoscale: {max_replicas: 0}"),
+     "pools[0].autoscale.max_replicas: "),
+    (_pool(endpoint='http://h:1", "http://h:2').replace(
+        "engine: vllm", "engine: vllm\n    autoscale: {max_replicas: 1}"),
+     "pools[0]: 2 endpoints but autoscale.max_replicas is 1"),
     ("pools: [\n", "invalid YAML"),
     ("- 1\n", "(root): must be a mapping"),
 ])

@@ -14,6 +14,7 @@ from fleetgate.catalog.gpus import GB, GPUS, GpuSpec
 from fleetgate.catalog.models import MODEL_PROFILES, profile_for_served_name
 from fleetgate.catalog.roofline import (
     StepLoad,
+    bandwidth_efficiency,
     efficiency_scale,
     kv_capacity_tokens,
     prior_decode_tokens_per_s,
@@ -291,14 +292,40 @@ def test_small_models_never_run_more_efficiently_than_large_ones(gpu: str, stack
 @pytest.mark.parametrize("gpu", sorted(GPUS))
 def test_a_small_decode_batch_stays_memory_bound(gpu: str, stack: str) -> None:
     """GEMM_HALF_TOKENS only makes medium steps costlier: at batch 16 with no context the
-    step is the weights over bandwidth, whatever the model."""
+    step is the weights over bandwidth (that step size's, ``bandwidth_efficiency``),
+    whatever the model."""
     g = GPUS[gpu]
     for profile in (P8B, P70B):
         scale = efficiency_scale(g, profile, stack)
-        t_mem = profile.weight_bytes / (scale * g.eta_bw.get(stack) * g.hbm_tb_s * 1e12)
+        eta = bandwidth_efficiency(g, profile, 16, stack)
+        t_mem = profile.weight_bytes / (scale * eta * g.hbm_tb_s * 1e12)
         overhead = g.step_overhead_ms.get(stack) * 1e-3
         step = step_seconds(g, profile, StepLoad(16, 0.0, 0.0), 1, stack)
         assert step == pytest.approx(t_mem + overhead)
+
+
+@pytest.mark.parametrize("stack", ["stock", "tuned"])
+@pytest.mark.parametrize("gpu", sorted(GPUS))
+def test_bandwidth_efficiency_falls_from_its_small_step_value_to_eta_bw(gpu: str,
+                                                                         stack: str) -> None:
+    """16-bit weights: eta_small at a one-token step, never rising with the step size, down
+    to eta_bw for large steps; FP8 weights (and GPUs without a small-step figure): eta_bw
+    at every step size, so no FP8 step moved with the small-batch calibration."""
+    g = GPUS[gpu]
+    large, small = g.eta_bw.get(stack), g.eta_bw_small.get(stack)
+    etas = [bandwidth_efficiency(g, P8B, t, stack) for t in (1, 2, 8, 16, 64, 256, 8192)]
+    assert etas == sorted(etas, reverse=True)
+    assert etas[0] == pytest.approx(max(small, large))
+    assert etas[-1] == pytest.approx(large, abs=0.01)
+    assert all(bandwidth_efficiency(g, P70B, t, stack) == large for t in (1, 8, 256))
+
+
+def test_8b_batch_one_decode_step_on_h100_matches_vllms_own_fit() -> None:
+    """vLLM 0.19.1's single-request ITL on one H100 (blog "The State of FP8 KV-Cache...",
+    BF16 KV): 6.44 ms + 4.37e-5 ms per context token; the stock roofline within 3%."""
+    for context in (1_000, 32_000):
+        step = step_seconds(GPUS["h100"], P8B, StepLoad(1, context, context), 1, "stock")
+        assert step * 1e3 == pytest.approx(6.44 + 4.37e-5 * context, rel=0.03)
 
 
 def test_same_software_orderings_on_paper() -> None:

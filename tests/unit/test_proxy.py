@@ -237,3 +237,18 @@ async def test_a_trickle_is_named_as_one() -> None:
     with pytest.raises(UpstreamTimeout, match=re.escape(
             "sent headers (HTTP 200) and 4 bytes but no complete first frame within 0.1 s")):
         await proxy.handle(request(stream=True))
+
+
+@pytest.mark.parametrize("key", [None, "sk-pool-key"])
+async def test_a_pools_api_key_goes_upstream_and_nothing_else_does(key: str | None) -> None:
+    """A pool with ``api_key`` (a hosted API, a vLLM with --api-key) sends it as a bearer
+    token on every attempt; without one no Authorization header leaves the gateway (the
+    client's key to the gateway is never forwarded)."""
+    answer = Answer(200, b'{"id":"c","object":"chat.completion","choices":[]}')
+    backend = FakeBackend({FAST: [answer], SLOW: [answer]})
+    proxy, fleet = service(backend, **({"api_key": key} if key else {}))
+    assert (await proxy.handle(request())).status_code == 200
+    _, _, headers = backend.calls[0]
+    assert headers.get("authorization") == (f"Bearer {key}" if key else None)
+    assert key is None or key not in repr(fleet.endpoints[0])  # not in logs or reprs
+    assert key is None or key not in repr(fleet.config.pools[0])

@@ -149,13 +149,16 @@ async def test_a_lapsed_registration_is_gone_and_comes_back_last(store: Harness)
 
 async def test_cost_snapshots_of_every_replica(store: Harness) -> None:
     shared = store.shared
-    assert await shared.costs() == {}
-    await shared.publish_costs("a", b'{"v":1}', 30)
-    await shared.publish_costs("b", b'{"v":2}', store.share_ttl_s)
-    await shared.publish_costs("a", b'{"v":3}', 30)  # replaces a's
-    assert await shared.costs() == {"a": b'{"v":3}', "b": b'{"v":2}'}
+    assert await shared.blobs("costs") == {}
+    await shared.publish_blob("costs", "a", b'{"v":1}', 30)
+    await shared.publish_blob("costs", "b", b'{"v":2}', store.share_ttl_s)
+    await shared.publish_blob("costs", "a", b'{"v":3}', 30)  # replaces a's
+    assert await shared.blobs("costs") == {"a": b'{"v":3}', "b": b'{"v":2}'}
     await store.let_expire("costs:b")
-    assert await shared.costs() == {"a": b'{"v":3}'}
+    assert await shared.blobs("costs") == {"a": b'{"v":3}'}
+    await shared.publish_blob("rows", "a", b"[]", 30)  # kinds apart
+    assert await shared.blobs("rows") == {"a": b"[]"}
+    assert await shared.blobs("costs") == {"a": b'{"v":3}'}
 
 
 # -- RateLimits: sliding window --------------------------------------------------------

@@ -26,7 +26,12 @@ The model's shape as SGLang reports it (KV bytes per token, weight bytes, from i
 pool) is kept for ``/admin/endpoints``; the step-cost prior is not rebuilt from it (the
 router's learned corrections take care of the speed).
 
-May touch: aiohttp, orjson, ``re``. Must not touch: routing, clocks, the live state.
+Reads go out on the control plane's client (``backends/http1.py``, the instance the
+collector probes and scrapes with: ``backends/probes.py``), each with one timeout for
+connect, first byte and the whole answer. A body over ``MAX_BODY_BYTES`` (the collector's
+bound on a scrape) reads as nothing.
+
+May touch: the relay client, orjson, ``re``. Must not touch: routing, clocks, the live state.
 """
 
 from __future__ import annotations
@@ -35,12 +40,14 @@ import re
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-import aiohttp
 import orjson
 
+from fleetgate.backends.http1 import Http1Backend
+from fleetgate.backends.relay import Timeouts, UpstreamError
 from fleetgate.catalog.engines import EngineSpec
 
 GIB = float(1 << 30)
+MAX_BODY_BYTES = 16 * 1024 * 1024  # as a scrape (state/collector.py MAX_SCRAPE_BYTES)
 _LABEL = re.compile(r'([a-zA-Z_]\w*)="((?:[^"\\\n]|\\.)*)"')
 
 
@@ -149,52 +156,71 @@ def parse_model_info(obj: Any) -> EngineCapacity:
     return EngineCapacity(architecture=first if isinstance(first, str) else None)
 
 
-async def read_capacity(session: aiohttp.ClientSession, base_url: str, spec: EngineSpec,
-                        timeout: float = 2.0) -> EngineCapacity:
-    """Everything ``spec``'s sources report (each read on its own; failures leave ``None``).
+async def read_capacity(client: Http1Backend, base_url: str, spec: EngineSpec,
+                        timeout: float = 2.0,
+                        headers: dict[str, str] | None = None) -> EngineCapacity:
+    """Everything ``spec``'s sources report (each read on its own; failures leave ``None``;
+    ``headers``: the endpoint's credentials, if its pool has an ``api_key``).
 
     The model cards come first: a server's own ``max_model_len`` beats a context that its
     server info only repeats from the command line."""
-    limit = aiohttp.ClientTimeout(total=timeout)
+    limit = _Limit(Timeouts(connect=timeout, read=timeout, total=timeout), headers)
     out = EngineCapacity()
     if spec.models_path:
-        out = out.merged(parse_model_cards(await _get_json(session, base_url, (spec.models_path,),
+        out = out.merged(parse_model_cards(await _get_json(client, base_url, (spec.models_path,),
                                                            limit)))
     if spec.capacity_metric and spec.metrics_path:
-        text = await _get(session, base_url, (spec.metrics_path,), limit)
+        text = await _get_text(client, base_url, (spec.metrics_path,), limit)
         if text is not None:
             out = out.merged(parse_cache_config_info(text, spec.capacity_metric))
     if spec.server_info_paths:
-        out = out.merged(parse_server_info(await _get_json(session, base_url,
+        out = out.merged(parse_server_info(await _get_json(client, base_url,
                                                            spec.server_info_paths, limit)))
     if spec.model_info_paths:
-        out = out.merged(parse_model_info(await _get_json(session, base_url,
+        out = out.merged(parse_model_info(await _get_json(client, base_url,
                                                           spec.model_info_paths, limit)))
     return out
 
 
-async def _get(session: aiohttp.ClientSession, base_url: str, paths: tuple[str, ...],
-               limit: aiohttp.ClientTimeout) -> str | None:
+@dataclass(frozen=True, slots=True)
+class _Limit:
+    """How each read is made: its timeouts and the endpoint's credentials."""
+
+    timeouts: Timeouts
+    headers: dict[str, str] | None
+
+
+async def _get(client: Http1Backend, base_url: str, paths: tuple[str, ...],
+               limit: _Limit) -> bytes | None:
     """The body of the first of ``paths`` that answers 200 (a 404 tries the next one)."""
     for path in paths:
         try:
-            async with session.get(base_url + path, timeout=limit) as resp:
-                body = await resp.text()
-                if resp.status == 200:
-                    return body
-                if resp.status != 404:
-                    return None
-        except (TimeoutError, aiohttp.ClientError, UnicodeDecodeError):
+            resp = await client.get(base_url + path, limit.headers, limit.timeouts)
+            body = await resp.read()  # to its end: the connection is kept for the next read
+        except UpstreamError:
+            return None
+        if resp.status == 200:
+            return body if len(body) <= MAX_BODY_BYTES else None
+        if resp.status != 404:
             return None
     return None
 
 
-async def _get_json(session: aiohttp.ClientSession, base_url: str, paths: tuple[str, ...],
-                    limit: aiohttp.ClientTimeout) -> Any:
-    text = await _get(session, base_url, paths, limit)
-    if text is None:
+async def _get_text(client: Http1Backend, base_url: str, paths: tuple[str, ...],
+                    limit: _Limit) -> str | None:
+    body = await _get(client, base_url, paths, limit)
+    try:
+        return body.decode("utf-8") if body is not None else None
+    except UnicodeDecodeError:
+        return None
+
+
+async def _get_json(client: Http1Backend, base_url: str, paths: tuple[str, ...],
+                    limit: _Limit) -> Any:
+    body = await _get(client, base_url, paths, limit)
+    if body is None:
         return None
     try:
-        return orjson.loads(text)
+        return orjson.loads(body)
     except orjson.JSONDecodeError:
         return None

@@ -306,13 +306,25 @@ class Http1Backend:
         self._idle: dict[_Key, list[_Connection]] = {}
         self._max_idle = max_idle_per_host
         self._keepalive_s = keepalive_s
-        self._heads: dict[tuple[_Key, str], bytes] = {}
+        self._heads: dict[tuple[_Key, str, str], bytes] = {}
         self._tls: ssl.SSLContext | None = None
 
     async def post(self, url: str, body: bytes, headers: Mapping[str, str],
                    timeouts: Timeouts) -> UpstreamResponse:
         key, path = _parse(url)
-        request = self._head(key, path) + _header_lines(headers, len(body)) + body
+        request = self._head(key, "POST", path) + _header_lines(headers, len(body)) + body
+        return await self._exchange(key, request, timeouts)
+
+    async def get(self, url: str, headers: Mapping[str, str] | None,
+                  timeouts: Timeouts) -> UpstreamResponse:
+        """A GET (the control plane: probes, scrapes, capacity reads, adapter listings)."""
+        key, path = _parse(url)
+        lines = "".join(f"{name}: {value}\r\n" for name, value in headers.items()) \
+            if headers else ""
+        request = self._head(key, "GET", path) + f"{lines}\r\n".encode("latin-1")
+        return await self._exchange(key, request, timeouts)
+
+    async def _exchange(self, key: _Key, request: bytes, timeouts: Timeouts) -> UpstreamResponse:
         loop = asyncio.get_running_loop()
         for reused in (True, False):
             conn = self._idle_connection(key) if reused else None
@@ -381,18 +393,18 @@ class Http1Backend:
         conn.transport = transport  # uvloop may call connection_made after returning
         return conn
 
-    def _head(self, key: _Key, path: str) -> bytes:
-        """The request line and Host header, built once per engine and path."""
-        head = self._heads.get((key, path))
+    def _head(self, key: _Key, method: str, path: str) -> bytes:
+        """The request line and Host header, built once per engine, method and path."""
+        head = self._heads.get((key, method, path))
         if head is None:
             scheme, host, port = key
             default = 443 if scheme == "https" else 80
             authority = host if port == default else f"{host}:{port}"
             if ":" in host and not host.startswith("["):
                 authority = f"[{host}]" if port == default else f"[{host}]:{port}"
-            head = (f"POST {path} HTTP/1.1\r\nhost: {authority}\r\n"
+            head = (f"{method} {path} HTTP/1.1\r\nhost: {authority}\r\n"
                     "accept-encoding: identity\r\n").encode("latin-1")
-            self._heads[(key, path)] = head
+            self._heads[(key, method, path)] = head
         return head
 
 

@@ -163,6 +163,9 @@ def _parse_lines(lines: list[str], out: dict[str, Series]) -> None:
 
 def _per_replica(series: Series) -> list[float]:
     """Finite values, one per load-splitting label set (max over replica-internal labels)."""
+    if len(series) == 1:  # the common case: one engine, one series
+        labels, value = series[0]
+        return [value] if math.isfinite(value) and not labels.get("priority", "") else []
     groups: dict[tuple[tuple[str, str], ...], float] = {}
     for labels, value in series:
         if not math.isfinite(value) or labels.get("priority", ""):

@@ -1,24 +1,28 @@
-"""Health probes for engines, and the HTTP client the background checks share.
+"""Health probes for engines, and the one HTTP client of the control plane (which it is).
 
 vLLM: ``GET /health`` (200 = engine alive; the port refuses connections while loading).
 SGLang: ``GET /ready`` (a flag check; its ``/health`` runs a real generation and takes >= 1 s).
 Other OpenAI servers: ``GET /v1/models``. The probe never raises: it returns a result.
 
-``background_session()`` is the aiohttp session for probes and scrapes, apart from the
-relay's so background checks never take a request's connection. aiohttp looks a pooled
-connection up by host: with 1,000 endpoints, httpx's pool (which scans every connection for
-every request) spent ~50 ms of CPU per endpoint and tick (BENCHMARKS.md, "Collector").
+The control plane has one HTTP client: the lean HTTP/1.1 client (``backends/http1.py``),
+one instance apart from the relay's (the gateway's lifespan creates and closes it:
+``gateway/app.py``; ``AppState.http``), so background checks never take a request's
+connection. It carries the probes, the collector's scrapes and capacity reads
+(``backends/capacity.py``) and the LoRA adapter calls (``backends/adapters.py``). Its pool
+looks a connection up by host: httpx's (which scans every connection for every request)
+spent ~50 ms of CPU per endpoint and tick at 1,000 endpoints, and aiohttp's client ~0.2 ms
+of CPU a request, most of the collector's cost per endpoint and tick (BENCHMARKS.md,
+"Collector at scale").
 
-May touch: aiohttp, the network. Must not touch: routing, the gateway.
+May touch: the relay client, the network. Must not touch: routing, the gateway.
 """
 
 from __future__ import annotations
 
-import socket
 from dataclasses import dataclass
 
-import aiohttp
-
+from fleetgate.backends.http1 import Http1Backend
+from fleetgate.backends.relay import Timeouts, UpstreamError
 from fleetgate.catalog.engines import EngineSpec
 
 
@@ -28,23 +32,15 @@ class ProbeResult:
     detail: str  # "200", "503", "connect refused", "timeout", ...
 
 
-def background_session(max_connections: int = 4096) -> aiohttp.ClientSession:
-    """Create inside a running event loop; the owner closes it."""
-    connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=2,
-                                     keepalive_timeout=30.0, family=socket.AF_UNSPEC)
-    return aiohttp.ClientSession(connector=connector, skip_auto_headers=("User-Agent",))
-
-
-async def probe(session: aiohttp.ClientSession, base_url: str, engine: EngineSpec,
-                timeout: float = 2.0) -> ProbeResult:
+async def probe(client: Http1Backend, base_url: str, engine: EngineSpec,
+                timeout: float = 2.0, headers: dict[str, str] | None = None) -> ProbeResult:
     try:
-        async with session.get(base_url + engine.health_path,
-                               timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
-            await resp.read()  # drain, so the connection is kept for the next probe
-            return ProbeResult(resp.status == 200, str(resp.status))
-    except aiohttp.ClientConnectorError:
-        return ProbeResult(False, "connect refused")
-    except TimeoutError:  # aiohttp's timeouts are TimeoutErrors too
-        return ProbeResult(False, "timeout")
-    except aiohttp.ClientError as exc:
-        return ProbeResult(False, type(exc).__name__)
+        resp = await client.get(base_url + engine.health_path, headers,
+                                Timeouts(connect=timeout, read=timeout, total=timeout))
+        await resp.read()  # to its end, so the connection is kept for the next probe
+        return ProbeResult(resp.status == 200, str(resp.status))
+    except UpstreamError as exc:
+        return ProbeResult(False, _DETAIL.get(exc.kind, exc.kind))
+
+
+_DETAIL = {"connect": "connect refused", "timeout": "timeout", "protocol": "bad answer"}

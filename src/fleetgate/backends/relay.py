@@ -3,7 +3,8 @@
 ``Backend`` is the protocol the request path talks to; ``backends/http1.py`` is the
 production client (a lean HTTP/1.1 keep-alive client: aiohttp's client cost about a third of
 the gateway's CPU per request, BENCHMARKS.md), ``backends/fake.py`` a scripted one for
-tests. Probes and scrapes use their own aiohttp session (``probes.background_session``).
+tests. The control plane (probes, scrapes, capacity reads, adapter calls) has an instance of
+the same client apart from the relay's (``backends/probes.py``).
 
 Timeouts: ``connect`` for the TCP connect, ``read`` for the wait before the first byte and
 between chunks (idle), ``total`` for the whole exchange. A failure is raised as a typed

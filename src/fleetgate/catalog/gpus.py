@@ -59,6 +59,10 @@ class GpuSpec:
     # P_half: active parameters at which the stack's kernels reach half their efficiency on
     # ever larger models (0 = no model-size loss); roofline.efficiency_scale [E]
     size_half_params: PerStack = PerStack(0.0, 0.0)
+    # eta_bw at a one-token decode step of a 16-bit-weight model (0 = no small-batch regime:
+    # eta_bw at every batch); roofline.bandwidth_efficiency blends it into eta_bw as the
+    # step grows [E, fitted on vLLM's own single-request numbers, docs/gpus.md]
+    eta_bw_small: PerStack = PerStack(0.0, 0.0)
 
     def peak_flops(self, bytes_per_weight: float) -> float:
         """Dense FLOP/s for the compute precision that matches the weights."""
@@ -84,6 +88,7 @@ def _gpu(
     link: float,
     alpha: float,
     size_half: tuple[float, float] = (0.0, 0.0),
+    bw_small: tuple[float, float] = (0.0, 0.0),
 ) -> GpuSpec:
     return GpuSpec(
         name=name,
@@ -101,6 +106,7 @@ def _gpu(
         link_gb_s=link,
         allreduce_latency_us=alpha,
         size_half_params=PerStack(*size_half),
+        eta_bw_small=PerStack(*bw_small),
     )
 
 
@@ -113,22 +119,29 @@ def _gpu(
 # MLPerf (MI300X at 750 W sustains lower clocks than MI325X at 1,000 W); stock ROCm's
 # larger per-step overhead and P_half on the same-vLLM H200 vs MI300X comparison (single
 # stream 1.12x, 8B at c=256 1.40-2.06x to H200). MI355X: not calibrated, MI325X-like.
+# bw_small = eta_bw_small (stock, tuned), the small-step bandwidth efficiency of 16-bit
+# weights (roofline.bandwidth_efficiency), with the stock per-step overhead (1.1 ms on
+# NVIDIA, 4.6 on ROCm: the newer vLLM's asynchronous scheduling takes ~0.9 ms off both,
+# the 3.5 ms vendor gap of the same-vLLM single stream kept), fitted on vLLM 0.19.1's own
+# single-request Llama-3.1-8B numbers (H100 6.44 ms + 4.37e-5 ms per context token, B200
+# 3.93 ms; docs/gpus.md "Small models at small batch"). AMD: no published small-batch
+# figure of the engines' own, so none (eta_bw at every batch).
 # fmt: off
 GPUS: dict[str, GpuSpec] = {
     g.name: g
     for g in (
         _gpu("h100", "nvidia", 80, 3.35, 989, 1979, None, 2.95,
-             (0.52, 0.65), (0.40, 0.55), (2.0, 0.7), 450, 8),
+             (0.52, 0.65), (0.40, 0.55), (1.1, 0.7), 450, 8, bw_small=(0.90, 0.90)),
         _gpu("h200", "nvidia", 141, 4.8, 989, 1979, None, 3.60,
-             (0.52, 0.65), (0.40, 0.55), (2.0, 0.7), 450, 8),
+             (0.52, 0.65), (0.40, 0.55), (1.1, 0.7), 450, 8, bw_small=(0.90, 0.90)),
         _gpu("b200", "nvidia", 180, 7.7, 2250, 4500, 9000, 6.00,
-             (0.48, 0.65), (0.35, 0.55), (2.0, 0.7), 900, 6),
+             (0.48, 0.65), (0.35, 0.55), (1.1, 0.7), 900, 6, bw_small=(0.80, 0.80)),
         _gpu("mi300x", "amd", 192, 5.3, 1307.4, 2614.9, None, 2.00,
-             (0.47, 0.60), (0.28, 0.30), (5.5, 1.0), 448, 12, size_half=(5e9, 1.6e9)),
+             (0.47, 0.60), (0.28, 0.30), (4.6, 1.0), 448, 12, size_half=(5e9, 1.6e9)),
         _gpu("mi325x", "amd", 256, 6.0, 1307.4, 2614.9, None, 2.25,
-             (0.47, 0.60), (0.30, 0.38), (5.5, 1.0), 448, 12, size_half=(5e9, 1.6e9)),
+             (0.47, 0.60), (0.30, 0.38), (4.6, 1.0), 448, 12, size_half=(5e9, 1.6e9)),
         _gpu("mi355x", "amd", 288, 8.0, 2516.6, 5033.2, 10066, 3.00,
-             (0.45, 0.60), (0.26, 0.38), (5.5, 1.0), 537, 10, size_half=(5e9, 1.6e9)),
+             (0.45, 0.60), (0.26, 0.38), (4.6, 1.0), 537, 10, size_half=(5e9, 1.6e9)),
     )
 }
 # fmt: on

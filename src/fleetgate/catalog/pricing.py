@@ -18,6 +18,8 @@ May touch: nothing (pure arithmetic). Must not touch: anything else.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 
 def usd_per_second(price_per_gpu_hour: float, gpus_per_replica: int = 1) -> float:
     """What one replica costs per second, busy or idle."""
@@ -39,3 +41,22 @@ def usd_per_mtok(usd_per_s: float, tokens_per_s: float | None) -> float | None:
     if not tokens_per_s or tokens_per_s <= 0:
         return None
     return usd_per_s / tokens_per_s * 1e6
+
+
+@dataclass(frozen=True, slots=True)
+class TokenPrice:
+    """A hosted API's price: $ per million input (prompt) and output tokens."""
+
+    input_usd_per_mtok: float
+    output_usd_per_mtok: float
+
+    def charge_usd(self, input_tokens: float, output_tokens: float) -> float:
+        """What a request with these tokens is charged."""
+        return (max(0.0, input_tokens) * self.input_usd_per_mtok
+                + max(0.0, output_tokens) * self.output_usd_per_mtok) / 1e6
+
+    def usd_per_output_mtok(self, input_tokens: float, output_tokens: float) -> float:
+        """$ per million output tokens for requests of this shape (the prompt's price
+        spread over the answer), comparable with a replica's ``usd_per_mtok``."""
+        return self.output_usd_per_mtok + self.input_usd_per_mtok * (
+            max(0.0, input_tokens) / max(1.0, output_tokens))

@@ -4,7 +4,7 @@ For a replica of tensor-parallel degree TP running a step that processes ``T`` t
 (decodes + prefill-chunk tokens), reads ``R`` KV-cache tokens and attends over ``A``
 (query, key) pairs (gpus.md §4.1):
 
-    t_mem  = (W/TP + kv·R/TP) / (s·η_bw·BW)
+    t_mem  = (W/TP + kv·R/TP) / (s·η_bw(T)·BW)
     t_cmp  = (2·P_act·(T + T_half) + 4·L·d_model·A) / (TP·s·η_fl·F)
     t_comm = 2·L·(alpha + 2·(TP-1)/TP · T·d_model·2 B / BW_link)        (0 when TP = 1)
     t_step = max(t_mem, t_cmp) + t_comm + t_ovh
@@ -20,6 +20,16 @@ stack, model size, step size), gpus.md §4.1:
 * model size: s = min(1, g(P_act)/g(70e9)) with g(P) = P/(P + P_half(GPU, stack)), the
   efficiency relative to a 70B-class model (the calibration anchor); P_half = 0 (NVIDIA
   rows) means no loss on small models; stock ROCm loses most (small kernels, launches).
+* small steps (16-bit weights): η_bw(T) = η_bw + (η_small - η_bw)·S/(S + T - 1), S = 16.
+  A decode step of a few sequences is a few long streaming kernels in one CUDA graph (GEMV
+  weight reads, split-KV attention over a few long contexts) that run near the HBM
+  roofline: vLLM's own single-request fit on H100 reads KV at 0.90 of peak and the 8B
+  weights plus the fixed cost in 6.44 ms. As T grows the step becomes GEMM tiles, paged
+  attention over many short sequences and per-sequence sampling, which the large-batch
+  η_bw (fitted on NIM, MLPerf and the same-vLLM comparisons) describes. FP8 weights keep
+  η_bw at every T: their small-M GEMMs run through scaled-mm tensor-core kernels with
+  per-token activation quantization, whose streaming at batch 1 is what η_bw was fitted on
+  (NIM's 70B FP8 single stream). η_small = 0 (AMD rows) means no small-step regime.
 
 KV capacity: ``K_max = (HBM·gpu_memory_utilization - W/TP - workspace)·TP / kv``.
 
@@ -69,6 +79,19 @@ def min_tensor_parallel(
 
 REFERENCE_ACTIVE_PARAMS = 70e9  # the size the catalog's eta are calibrated on (gpus.md)
 GEMM_HALF_TOKENS = 64  # T_half: tokens at which a step's GEMMs reach half of eta_fl [E]
+SMALL_STEP_TOKENS = 16  # S: step size at which eta_bw is halfway back from eta_small [E]
+
+
+def bandwidth_efficiency(gpu: GpuSpec, profile: ModelProfile, tokens: int, stack: str) -> float:
+    """eta_bw of a step of ``tokens`` tokens (before the model-size scale): for 16-bit
+    weights on a GPU with a small-batch figure, ``eta_bw + (eta_small - eta_bw) *
+    S / (S + T - 1)`` with S = ``SMALL_STEP_TOKENS``; else eta_bw at every step size."""
+    large = gpu.eta_bw.get(stack)
+    small = gpu.eta_bw_small.get(stack)
+    if small <= large or profile.bytes_per_weight < 2:
+        return large
+    t = max(1, tokens)
+    return large + (small - large) * SMALL_STEP_TOKENS / (SMALL_STEP_TOKENS + t - 1)
 
 
 def efficiency_scale(gpu: GpuSpec, profile: ModelProfile, stack: str) -> float:
@@ -97,7 +120,7 @@ def step_seconds(
 ) -> float:
     """Roofline duration of one continuous-batching step (module docstring formula)."""
     scale = efficiency_scale(gpu, profile, stack)
-    bw = scale * gpu.eta_bw.get(stack) * gpu.hbm_tb_s * 1e12
+    bw = scale * bandwidth_efficiency(gpu, profile, load.tokens, stack) * gpu.hbm_tb_s * 1e12
     flops = scale * gpu.eta_fl.get(stack) * gpu.peak_flops(profile.bytes_per_weight)
     bytes_moved = (profile.weight_bytes + profile.kv_bytes_per_token * load.kv_tokens_read) / tp
     t_mem = bytes_moved / bw

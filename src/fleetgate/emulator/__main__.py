@@ -7,6 +7,7 @@ command. May touch: argv, the launcher. Must not touch: anything else.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from pydantic import ValidationError
@@ -39,6 +40,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--max-num-seqs", type=int, default=None,
                    help="batch cap (SGLang: --max-running-requests)")
+    p.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters")
+    p.add_argument("--lora-modules", "--lora-paths", nargs="+", default=[], metavar="NAME=PATH",
+                   help="adapters served from the start (implies --enable-lora)")
+    p.add_argument("--max-loras", "--max-loras-per-batch", type=int, default=None,
+                   help="distinct adapters in one batch (vLLM default 1, SGLang 8)")
+    p.add_argument("--allow-runtime-lora", action="store_true",
+                   help="vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING=True: /v1/load_lora_adapter "
+                        "and /v1/unload_lora_adapter (also read from that variable)")
     p.add_argument(
         "--exit-on-stdin-eof",
         action="store_true",
@@ -49,6 +58,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    modules = {}
+    for item in args.lora_modules:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            print(f"invalid --lora-modules entry {item!r}: NAME=PATH", file=sys.stderr)
+            return 2
+        modules[name] = path
+    runtime = args.allow_runtime_lora or os.environ.get(
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").lower() in ("1", "true")
     try:
         config = EmulatorConfig(
             engine=args.engine,
@@ -61,6 +79,10 @@ def main(argv: list[str] | None = None) -> int:
             max_queued_requests=args.max_queued_requests,
             max_model_len=args.max_model_len,
             max_num_seqs=args.max_num_seqs,
+            enable_lora=args.enable_lora,
+            lora_modules=modules,
+            max_loras=args.max_loras,
+            runtime_lora=runtime,
         )
     except ValidationError as exc:
         print(f"invalid emulator settings:\n{exc}", file=sys.stderr)

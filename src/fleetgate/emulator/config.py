@@ -49,6 +49,35 @@ class EmulatorConfig(BaseModel):
     # usage.prompt_tokens_details = {"cached_tokens": N} on chat/completions answers, as vLLM's
     # --enable-prompt-tokens-details and SGLang's --enable-cache-report (off: null, the default)
     prompt_tokens_details: bool = False
+    # LoRA (vLLM --enable-lora --lora-modules NAME=PATH --max-loras N, with
+    # VLLM_ALLOW_RUNTIME_LORA_UPDATING for the load/unload routes; SGLang --enable-lora
+    # --lora-paths NAME=PATH --max-loras-per-batch N, its load routes always there):
+    # adapters served from the start (name -> path), the batch's cap on distinct adapters,
+    # and whether adapters may be loaded and unloaded at run time (vLLM only; SGLang always)
+    enable_lora: bool = False
+    lora_modules: dict[str, str] = Field(default_factory=dict)
+    max_loras: int | None = Field(default=None, ge=1)
+    runtime_lora: bool = False
+
+    @model_validator(mode="after")
+    def _lora(self) -> EmulatorConfig:
+        clash = set(self.lora_modules) & set(self.served_models)
+        if clash:
+            raise ValueError(f"LoRA adapter names {sorted(clash)} are served model names")
+        return self
+
+    @property
+    def lora_enabled(self) -> bool:
+        """--enable-lora, or implied by startup adapters or run-time loading."""
+        return self.enable_lora or bool(self.lora_modules) or self.runtime_lora
+
+    @property
+    def lora_cap(self) -> int:
+        """Distinct adapters one batch may run: vLLM's --max-loras defaults to 1, SGLang's
+        --max-loras-per-batch to 8."""
+        if self.max_loras is not None:
+            return self.max_loras
+        return 1 if self.engine == "vllm" else 8
 
     @field_validator("gpu")
     @classmethod
@@ -108,12 +137,16 @@ class EmulatorConfig(BaseModel):
         if self.engine == "vllm":
             seqs, batched, reserve = 256, 8192, 0.0
         else:
-            batched = 16384 if self.gpu_spec.hbm_gb >= 140 else 8192
+            # SGLang 0.5.23 arg_groups/memory_hook.py handle_gpu_memory_settings: chunked
+            # prefill 8k below 160 GiB of device memory ("H20, H200"), 16k from there on
+            # ("B200, MI300"); hbm_gb is decimal GB
+            batched = 16384 if self.gpu_spec.hbm_gb * 1e9 >= 160 * 2**30 else 8192
             seqs, reserve = 1024, 0.5
         return SchedulerConfig(
             max_num_seqs=self.max_num_seqs or seqs,
             max_num_batched_tokens=self.max_num_batched_tokens or batched,
             kv_reserve_ratio=reserve,
+            max_loras=self.lora_cap if self.lora_enabled else 0,
         )
 
     def build_sim(self) -> EngineSim:

@@ -187,7 +187,7 @@ class SglangWire:
             "object": "error",
             "message": message,
             "type": err_type,
-            "param": param,
+            "param": None if in_stream else param,  # create_streaming_error_response: None
             "code": status,
         }
         return {"error": flat} if in_stream else flat

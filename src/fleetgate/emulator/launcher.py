@@ -140,6 +140,10 @@ async def start_emulator(
     max_model_len: int | None = None,
     startup_timeout: float = 30.0,
     port: int = 0,
+    enable_lora: bool = False,
+    lora_modules: dict[str, str] | None = None,
+    max_loras: int | None = None,
+    runtime_lora: bool = False,
 ) -> EmulatorHandle:
     """Start an emulated engine as a child process; returns once it accepts connections.
     ``port`` 0: a free port; a given one restarts a dead engine at its old URL."""
@@ -154,6 +158,10 @@ async def start_emulator(
             "tp": tp,
             "max_queued_requests": max_queued_requests,
             "max_model_len": max_model_len,
+            "enable_lora": enable_lora,
+            "lora_modules": lora_modules or {},
+            "max_loras": max_loras,
+            "runtime_lora": runtime_lora,
         }
     )
     process = await asyncio.create_subprocess_exec(
@@ -201,6 +209,14 @@ def _child_command(config: EmulatorConfig, host: str, port: int = 0) -> list[str
     for flag, value in optional.items():
         if value is not None:
             cmd += [flag, str(value)]
+    if config.lora_enabled:
+        cmd += ["--enable-lora"]
+        if config.max_loras is not None:
+            cmd += ["--max-loras", str(config.max_loras)]
+        if config.runtime_lora:
+            cmd += ["--allow-runtime-lora"]
+        if config.lora_modules:
+            cmd += ["--lora-modules", *(f"{k}={v}" for k, v in config.lora_modules.items())]
     return cmd
 
 

@@ -36,6 +36,8 @@ class EngineGauges:
     preemptions_total: int
     prefix_queries_total: int = 0  # prompt tokens looked up in the prefix cache (cumulative)
     prefix_hits_total: int = 0  # of which were cached
+    lora_running: tuple[str, ...] = ()  # LoRA adapters of the running / waiting requests
+    lora_waiting: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,9 @@ class EngineMetrics(Protocol):
 
     def on_step(self, tokens: int) -> None: ...
 
-    def render(self, accept: str, gauges: EngineGauges) -> tuple[bytes, str]: ...
+    def render(self, accept: str, gauges: EngineGauges) -> tuple[bytes, str]:
+        """The exposition and its content type (whole: neither engine filters it by name)."""
+        ...
 
 
 @dataclass(frozen=True)

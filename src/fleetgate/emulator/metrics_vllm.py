@@ -138,8 +138,17 @@ class VllmMetrics:
     ``log_engine_initialized`` sets once the KV cache is sized."""
 
     def __init__(self, model_name: str, max_model_len: int,
-                 cache_config: dict[str, str] | None = None) -> None:
+                 cache_config: dict[str, str] | None = None,
+                 max_lora: int | None = None) -> None:
         self.registry = CollectorRegistry()
+        # with LoRA on: vllm:lora_requests_info, its labels the running and waiting
+        # requests' adapters (comma-separated), its value the time it was set; a label set
+        # seen once stays in the exposition, as in vLLM's PrometheusStatLogger
+        self._max_lora = max_lora
+        self._lora_info = None if max_lora is None else Gauge(
+            "vllm:lora_requests_info", "Running stats on lora requests.",
+            labelnames=["max_lora", "waiting_lora_adapters", "running_lora_adapters"],
+            registry=self.registry)
         for collector in (ProcessCollector, PlatformCollector, GCCollector):
             collector(registry=self.registry)
         if cache_config is not None:
@@ -195,6 +204,11 @@ class VllmMetrics:
         m["vllm:num_requests_waiting"].set(gauges.waiting)
         self._waiting_capacity.set(gauges.waiting)
         m["vllm:kv_cache_usage_perc"].set(gauges.kv_usage)
+        if self._lora_info is not None:
+            self._lora_info.labels(max_lora=str(self._max_lora),
+                                   waiting_lora_adapters=",".join(gauges.lora_waiting),
+                                   running_lora_adapters=",".join(gauges.lora_running),
+                                   ).set_to_current_time()
         m["vllm:num_preemptions"].inc(gauges.preemptions_total - self._preemptions_seen)
         self._preemptions_seen = gauges.preemptions_total
         queries, hits = gauges.prefix_queries_total, gauges.prefix_hits_total

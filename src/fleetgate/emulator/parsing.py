@@ -40,7 +40,7 @@ import math
 import secrets
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
@@ -79,6 +79,7 @@ class ParsedRequest:
     pooling: bool = False  # an embedding request: prefill, one step, no text
     block_hashes: tuple[int, ...] = ()  # the prompt's prefix-cache blocks (prefixcache.py)
     offset: int = 0  # the filler token the output starts at: it continues its own text
+    adapter: str | None = None  # the LoRA adapter it runs with (None: the base model)
 
     def token_text(self, index: int, eos: bool) -> str | None:
         """The planned text of output token ``index`` (None: use the filler)."""
@@ -94,6 +95,10 @@ class EngineLimits:
     served_models: tuple[str, ...]
     max_model_len: int
     natural_tokens: int = 16
+    # LoRA: the adapters the engine holds now (name -> path; the server's live registry,
+    # read at each request) and every one it has held (SGLang reloads those on demand)
+    loras: Mapping[str, str] = field(default_factory=dict)
+    lora_enabled: bool = False
 
 
 def text_tokens(text: str) -> int:
@@ -182,11 +187,13 @@ def parse_request(
     continuous = stream and bool(options.get("continuous_usage_stats"))
     if limits.engine == "vllm":
         model = _vllm_model(body.get("model"), limits)
+        adapter = model if model in limits.loras else None
         continuous = continuous and include_usage
         max_tokens, finish = _vllm_output(prompt, _requested_max(body, kind), limits)
         request_id = _vllm_request_id(kind, headers)
     else:
         model = str(body.get("model") or "default")
+        adapter = sglang_adapter(model, body.get("lora_path"), limits)
         max_tokens, finish = _sglang_output(prompt, _requested_max(body, kind), limits)
         rid = body.get("rid")
         request_id = rid if isinstance(rid, str) and rid else uuid.uuid4().hex
@@ -206,7 +213,31 @@ def parse_request(
         plan=plan,
         block_hashes=hashes,
         offset=offset,
+        adapter=adapter,
     )
+
+
+def sglang_adapter(model: str, lora_path: Any, limits: EngineLimits) -> str | None:
+    """The adapter an SGLang request names: ``base:adapter`` in ``model`` (the served name
+    is matched whole first), else the native ``lora_path`` field; SGLang's 400 when LoRA is
+    off. Whether it is loaded is the server's to check (it may reload one it unloaded)."""
+    adapter = None
+    served = limits.served_models[0]
+    if ":" in model and model != served:
+        adapter = (model[len(served) + 1:] if model.startswith(served + ":")
+                   else model.split(":", 1)[1])
+        adapter = adapter.strip() or None
+    if adapter is None and isinstance(lora_path, str) and lora_path:
+        adapter = lora_path
+    if adapter is not None and not limits.lora_enabled:
+        raise EngineError(
+            400,
+            f"LoRA adapter '{adapter}' was requested, but LoRA is not enabled. Please launch "
+            "the server with --enable-lora flag and preload adapters using --lora-paths or "
+            "/load_lora_adapter endpoint.",
+            "BadRequestError",
+        )
+    return adapter
 
 
 def _chat_prompt(messages: list[Any], body: dict[str, Any], engine: str) -> tuple[int, int]:
@@ -262,6 +293,8 @@ def _requested_max(body: dict[str, Any], kind: str) -> int | None:
 
 
 def _vllm_model(requested: Any, limits: EngineLimits) -> str:
+    if requested is not None and requested in limits.loras:
+        return str(requested)  # an adapter answers under its own name
     if requested is not None and requested not in limits.served_models:
         valid = ", ".join(limits.served_models)
         raise EngineError(

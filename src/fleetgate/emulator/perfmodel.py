@@ -25,6 +25,15 @@ Scheduling follows vLLM v1 (SGLang is close enough at this level):
 
 Step durations come from ``catalog.roofline.step_seconds`` (gpus.md §4.1 roofline).
 
+LoRA adapters (``add(..., adapter=NAME)``): a step whose batch runs requests of k distinct
+adapters takes ``lora_step_seconds(k)`` longer: the batched LoRA kernels' fixed cost
+(``LORA_KERNEL_S``: vLLM's Punica shrink/expand launches, two per adapted projection and
+layer) plus each adapter's weights read once (rank ``LORA_RANK`` on the q/k/v/o projections
+of every layer, 16-bit, at the GPU's bandwidth). As vLLM v1's scheduler does, a waiting
+request is skipped (not admitted, the queue behind it goes on) while the running batch
+already has ``max_loras`` other adapters (``SchedulerConfig.max_loras``; 0: no limit).
+These costs are this model's assumptions (the vLLM docs give no number), not measurements.
+
 Prefix caching (prefixcache.py): a request may bring its prompt's chained block hashes; at
 admission the cached leading blocks skip prefill (they count as KV already in the cache).
 Without hashes a request is never a hit, and everything is as without a cache.
@@ -61,6 +70,7 @@ class SchedulerConfig:
     gpu_memory_utilization: float = 0.9
     workspace_gb: float = 1.0  # activations, graphs, sampler: HBM that is neither weights nor KV
     kv_reserve_ratio: float = 0.0
+    max_loras: int = 0  # distinct LoRA adapters one batch may run (vLLM --max-loras; 0: any)
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
@@ -109,6 +119,7 @@ class _Seq:
     ticket: int = 0  # tells its current finish-heap entry from stale ones
     hashes: tuple[int, ...] = ()  # prefix-cache block hashes of the prompt
     cached: int = -1  # prompt tokens found cached at first admission (-1: not admitted yet)
+    adapter: str | None = None  # the LoRA adapter it runs with (None: the base model)
 
     @property
     def remaining(self) -> int:
@@ -166,12 +177,15 @@ class EngineSim:
         self._preempting = False  # plan_decode_run preempted: the next step admits nobody
         self._finished = self._aborted = self._steps = 0
         self.last_step_tokens = 0
+        self._lora: dict[str, int] = {}  # adapter -> running sequences using it
+        self._lora_each_s = lora_adapter_seconds(gpu, profile, tp)
 
     # -- requests ------------------------------------------------------------------------
     def add(self, request_id: str, prompt_tokens: int, max_tokens: int,
-            block_hashes: tuple[int, ...] = ()) -> None:
+            block_hashes: tuple[int, ...] = (), adapter: str | None = None) -> None:
         """Queue a request that will produce exactly ``max_tokens`` tokens (``block_hashes``:
-        its prompt's prefix-cache blocks, prefixcache.py)."""
+        its prompt's prefix-cache blocks, prefixcache.py; ``adapter``: the LoRA adapter it
+        runs with)."""
         if request_id in self._seqs:
             raise ValueError(f"request {request_id!r} is already in the engine")
         if prompt_tokens < 1 or max_tokens < 1:
@@ -181,7 +195,7 @@ class EngineSim:
                 f"{prompt_tokens}+{max_tokens} tokens exceed the KV capacity "
                 f"({self.kv_capacity_tokens} tokens)"
             )
-        seq = _Seq(request_id, prompt_tokens, max_tokens, hashes=block_hashes)
+        seq = _Seq(request_id, prompt_tokens, max_tokens, hashes=block_hashes, adapter=adapter)
         self._seqs[request_id] = seq
         self._waiting.append(seq)
         self._num_waiting += 1
@@ -289,6 +303,19 @@ class EngineSim:
         """Fraction of the KV cache in use, 0..1 (vllm:kv_cache_usage_perc, sglang:token_usage)."""
         return self.kv_used_tokens / self.kv_capacity_tokens
 
+    @property
+    def running_adapters(self) -> list[str]:
+        """The LoRA adapters of the running batch (vllm:lora_requests_info)."""
+        return sorted(self._lora)
+
+    @property
+    def waiting_adapters(self) -> list[str]:
+        return sorted({s.adapter for s in self._waiting if s.state == "waiting" and s.adapter})
+
+    def lora_step_seconds(self, adapters: int) -> float:
+        """What ``adapters`` distinct LoRA adapters in a batch add to its step."""
+        return lora_step_seconds(self._lora_each_s, adapters)
+
     def waiting_prompt_tokens(self) -> int:
         return sum(s.prompt_tokens + s.generated for s in self._waiting if s.state == "waiting")
 
@@ -326,16 +353,21 @@ class EngineSim:
         if plan.tokens == 0:
             return None
         load = StepLoad(tokens=plan.tokens, kv_tokens_read=kv_read, attention_pairs=attention)
-        plan.duration = step_seconds(self.gpu, self.profile, load, self.tp, self.stack)
+        plan.duration = step_seconds(self.gpu, self.profile, load, self.tp, self.stack) \
+            + self.lora_step_seconds(len(self._lora))
         return plan
 
     def _admit_while(self, budget: int, prefilling: list[_Seq]) -> list[_Seq]:
         budget -= sum(s.prefill_left for s in prefilling)
         admitted: list[_Seq] = []
-        while budget > 0 and self._num_waiting and len(self._running) < self.scheduler.max_num_seqs:
+        skipped: list[_Seq] = []  # over max_loras: they keep their place in the queue
+        while budget > 0 and self._waiting and len(self._running) < self.scheduler.max_num_seqs:
             seq = self._waiting[0]
             if seq.state != "waiting":
                 self._waiting.popleft()
+                continue
+            if self._lora_blocked(seq):
+                skipped.append(self._waiting.popleft())
                 continue
             if self._running and not self._fits(seq):
                 break
@@ -344,7 +376,15 @@ class EngineSim:
             self._start(seq)
             admitted.append(seq)
             budget -= seq.prefill_left
+        self._waiting.extendleft(reversed(skipped))
         return admitted
+
+    def _lora_blocked(self, seq: _Seq) -> bool:
+        """A new adapter while the batch already runs ``max_loras`` others (vLLM v1 skips
+        such a request this step)."""
+        cap = self.scheduler.max_loras
+        return bool(cap and seq.adapter is not None and seq.adapter not in self._lora
+                    and len(self._lora) >= cap)
 
     def _admissible(self) -> bool:
         """Whether the head of the queue would be admitted into the next step."""
@@ -352,7 +392,11 @@ class EngineSim:
             self._waiting.popleft()
         if not self._num_waiting or len(self._running) >= self.scheduler.max_num_seqs:
             return False
-        return self._fits(self._waiting[0])
+        head: _Seq | None = self._waiting[0]
+        if self.scheduler.max_loras and head is not None and self._lora_blocked(head):
+            head = next((s for s in self._waiting
+                         if s.state == "waiting" and not self._lora_blocked(s)), None)
+        return head is not None and self._fits(head)
 
     def _fits(self, seq: _Seq) -> bool:
         ratio = self.scheduler.kv_reserve_ratio
@@ -376,6 +420,8 @@ class EngineSim:
         self._rem_pre += seq.remaining
         self._running[seq.request_id] = seq
         self._prefilling[seq.request_id] = seq
+        if seq.adapter is not None:
+            self._lora[seq.adapter] = self._lora.get(seq.adapter, 0) + 1
 
     def _complete_prefill(self, seq: _Seq) -> TokenEvent:
         """The step that ends a prefill samples the next token; the request then decodes."""
@@ -438,11 +484,21 @@ class EngineSim:
             self._rem_pre -= seq.remaining
         del self._running[seq.request_id]
         self.prefix_cache.release(seq.hashes)
+        self._lora_off(seq)
         seq.kv = 0
+
+    def _lora_off(self, seq: _Seq) -> None:
+        if seq.adapter is not None:
+            left = self._lora.get(seq.adapter, 0) - 1
+            if left > 0:
+                self._lora[seq.adapter] = left
+            else:
+                self._lora.pop(seq.adapter, None)
 
     def _done(self, seq: _Seq) -> None:
         if self._running.pop(seq.request_id, None) is not None:
             self.prefix_cache.release(seq.hashes)
+            self._lora_off(seq)
         seq.kv, seq.state = 0, "done"
         del self._seqs[seq.request_id]
         self._finished += 1
@@ -472,12 +528,13 @@ class EngineSim:
         fit = self._linear[batch]
         if fit is None:
             fit = self._linear_fit(batch, kv0, kv0 + (steps - 1) * batch)
+        lora = self.lora_step_seconds(len(self._lora))  # the batch, so its adapters, is fixed
         if fit is not None:
             base, per_token = fit
-            return DecodeRun(batch, steps, base + per_token * kv0, per_token * batch)
+            return DecodeRun(batch, steps, base + per_token * kv0 + lora, per_token * batch)
         ends, total = [], 0.0
         for j in range(steps):
-            total += self._decode_seconds(batch, kv0 + j * batch)
+            total += self._decode_seconds(batch, kv0 + j * batch) + lora
             ends.append(total)
         return DecodeRun(batch, steps, ends[0], ends[1] - 2 * ends[0], tuple(ends))
 
@@ -497,3 +554,21 @@ class EngineSim:
             return None
         per_token = (b - a) / (hi - lo)
         return a - per_token * lo, per_token
+
+
+LORA_RANK = 16  # the adapters' rank the step cost assumes (a common fine-tuning choice)
+LORA_TARGETS = 4  # adapted projections per layer: q, k, v, o
+LORA_KERNEL_S = 5e-4  # per step with any adapter: ~256 shrink/expand launches of ~2 us
+LORA_BYTES_PER_WEIGHT = 2.0
+
+
+def lora_adapter_seconds(gpu: GpuSpec, profile: ModelProfile, tp: int) -> float:
+    """Reading one adapter's weights (A: d x r and B: r x d per adapted projection and
+    layer, split over ``tp`` GPUs) at the GPU's HBM bandwidth."""
+    weights = profile.layers * LORA_TARGETS * 2 * LORA_RANK * profile.d_model
+    return weights * LORA_BYTES_PER_WEIGHT / tp / (gpu.hbm_tb_s * 1e12)
+
+
+def lora_step_seconds(per_adapter_s: float, adapters: int) -> float:
+    """What ``adapters`` distinct adapters in one batch add to its step."""
+    return 0.0 if adapters <= 0 else LORA_KERNEL_S + adapters * per_adapter_s

@@ -106,7 +106,8 @@ class EngineRuntime:
     # -- requests ------------------------------------------------------------------------
     def submit(self, req: ParsedRequest, record: bool = True) -> RequestHandle:
         handle = RequestHandle(f"k{next(self._keys)}", req, self._clock(), record)
-        self.sim.add(handle.key, req.prompt_tokens, req.max_tokens, req.block_hashes)
+        self.sim.add(handle.key, req.prompt_tokens, req.max_tokens, req.block_hashes,
+                     req.adapter)
         self._handles[handle.key] = handle
         self._by_request_id[req.request_id] = handle
         self._wake.set()
@@ -158,6 +159,8 @@ class EngineRuntime:
             preemptions_total=counters.preemptions_total,
             prefix_queries_total=counters.prefix_queries_total,
             prefix_hits_total=counters.prefix_hits_total,
+            lora_running=tuple(sim.running_adapters),
+            lora_waiting=tuple(sim.waiting_adapters),
         )
 
     def state(self) -> dict[str, Any]:

@@ -66,6 +66,7 @@ from fleetgate.emulator.formats import (
 )
 from fleetgate.emulator.formats_sglang import SglangWire
 from fleetgate.emulator.formats_vllm import VllmWire
+from fleetgate.emulator.lora import LoraRegistry
 from fleetgate.emulator.metrics import EngineMetrics
 from fleetgate.emulator.metrics_sglang import SglangMetrics
 from fleetgate.emulator.metrics_vllm import VllmMetrics, cache_config_info
@@ -91,11 +92,14 @@ class EmulatedEngine:
         self.config = config
         self.engine: Literal["vllm", "sglang"] = config.engine
         tp, first = config.tensor_parallel, config.served_models[0]
+        self.lora = LoraRegistry(self)
         self.limits = EngineLimits(
             config.engine,
             tuple(config.served_models),
             config.context_length,
             config.natural_completion_tokens,
+            self.lora.loaded,
+            config.lora_enabled,
         )
         self.wire: WireFormat
         self.metrics: EngineMetrics
@@ -105,15 +109,16 @@ class EmulatedEngine:
             kv = kv_capacity_tokens(config.gpu_spec, config.model_profile, tp,
                                     sched.gpu_memory_utilization, sched.workspace_gb)
             self.metrics = VllmMetrics(first, config.context_length, cache_config_info(
-                kv, sched.gpu_memory_utilization, config.context_length))
+                kv, sched.gpu_memory_utilization, config.context_length),
+                max_lora=config.lora_cap if config.lora_enabled else None)
         else:
             self.wire = SglangWire()
             self.metrics = SglangMetrics(first, tp, config.context_length)
         self.faults = FaultState()
+        self.log = RequestLog(config.request_log_size)
         self.runtime = EngineRuntime(
             config.build_sim(), self.metrics, config.speed, lambda: self.faults.slow_factor
         )
-        self.log = RequestLog(config.request_log_size)
         self.apis = ApiRoutes(self)
 
     def error_body(self, status: int, message: str) -> dict[str, Any]:
@@ -147,6 +152,7 @@ class EmulatedEngine:
                                  body.get("tool_choice"), body.get("response_format"))
                 plan = plan_output(body, self.engine, seed)
             req = parse_request(kind, body, request.headers, self.limits, int(time.time()), plan)
+            self.lora.check_request(req.adapter)
         except EngineError as exc:
             return self._error(exc)
         cap = self.config.max_queued_requests
@@ -188,16 +194,15 @@ class EmulatedEngine:
         served = self.config.served_models
         perms = [f"modelperm-{_hex16()}" for _ in served]
         root = self.config.model_path or served[0]
-        return json_response(
-            model_cards(
-                self.engine, served, root, self.config.context_length, int(time.time()), perms
-            )
-        )
+        created = int(time.time())
+        body = model_cards(self.engine, served, root, self.config.context_length, created, perms)
+        if self.lora.enabled:
+            body["data"] += self.lora.cards(created)
+        return json_response(body)
 
     async def metrics_route(self, request: Request) -> Response:
         payload, content_type = self.metrics.render(
-            request.headers.get("accept", ""), self.runtime.gauges()
-        )
+            request.headers.get("accept", ""), self.runtime.gauges())
         return Response(payload, headers={"content-type": content_type})
 
     async def ok(self, request: Request) -> Response:
@@ -364,6 +369,7 @@ class EmulatedEngine:
                 "tp": cfg.tensor_parallel,
                 "profile": cfg.model_profile.name,
                 "speed": cfg.speed,
+                "lora": self.lora.counts(),
             }
             | self.runtime.state()
         )
@@ -382,6 +388,9 @@ class EmulatedEngine:
             Route("/emulator/state", self.emulator_state, methods=["GET"]),
         ]
         if self.engine == "vllm":
+            if self.config.runtime_lora:  # VLLM_ALLOW_RUNTIME_LORA_UPDATING
+                routes += [Route("/v1/load_lora_adapter", self.lora.load, methods=["POST"]),
+                           Route("/v1/unload_lora_adapter", self.lora.unload, methods=["POST"])]
             return [
                 *routes,
                 Route("/metrics/", self.metrics_route, methods=["GET"]),
@@ -402,6 +411,8 @@ class EmulatedEngine:
             Route("/get_server_info", self.server_info, methods=["GET"]),
             Route("/v1/loads", self.loads, methods=["GET"]),
             Route("/abort_request", self.abort_request, methods=["POST"]),
+            Route("/load_lora_adapter", self.lora.load, methods=["POST"]),
+            Route("/unload_lora_adapter", self.lora.unload, methods=["POST"]),
         ]
 
 

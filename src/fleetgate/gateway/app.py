@@ -1,9 +1,10 @@
 """The app: ``create_app(settings, overrides)`` (FastAPI) and the lifespan that owns every resource.
 
-The lifespan loads the config, opens the pooled relay client and the probe/scrape client
-(both aiohttp, apart), starts the fleet (emulated engines, health loop), builds the router
-and the proxy service, and hangs them on ``app.state.fleetgate``; on shutdown it closes
-them in reverse. Nothing is global: tests build as many apps as they like, with a typed
+The lifespan loads the config, opens the pooled relay client and, apart from it, the control
+plane's one client (probes, scrapes, capacity reads, adapter calls: ``backends/probes.py``;
+both ``backends/http1.py``), starts the fleet (emulated engines, health loop), builds the
+router and the proxy service, and hangs them on ``app.state.fleetgate``; on shutdown it
+closes them in reverse. Nothing is global: tests build as many apps as they like, with a typed
 ``Overrides`` replacing parts. Telemetry (``telemetry/``) is built here too and hangs on
 ``app.state.telemetry``; its tracer provider is flushed and shut down with the app.
 
@@ -48,13 +49,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fleetgate import __version__
 from fleetgate.backends.http1 import Http1Backend
-from fleetgate.backends.probes import background_session
 from fleetgate.backends.relay import Backend, Timeouts
 from fleetgate.config import ConfigError, FleetConfig, default_config_path, load_config
 from fleetgate.gateway.api import admin, health, openai, workers
 from fleetgate.gateway.api.parse import request_id_of
 from fleetgate.gateway.api.schemas import OPENAI_BODIES, ErrorEnvelope, ModelList
 from fleetgate.gateway.auth import KeyTable
+from fleetgate.gateway.autoscaler import GatewayScaler
 from fleetgate.gateway.costs import CostLedger
 from fleetgate.gateway.dashboard import router as dashboard_router
 from fleetgate.gateway.decisions import DecisionLog
@@ -77,6 +78,7 @@ from fleetgate.gateway.settings import Settings
 from fleetgate.gateway.state import AppState, build_generation, served_models
 from fleetgate.gateway.telemetry import build_telemetry
 from fleetgate.gateway.telemetry import routes as telemetry_routes
+from fleetgate.gateway.telemetry.scaling import ScalingCollector
 from fleetgate.gateway.telemetry.spend import SpendCollector
 from fleetgate.routing import Router
 from fleetgate.state.store import Stores, create_stores, new_replica_id
@@ -243,7 +245,7 @@ async def _start(app: FastAPI, settings: Settings, overrides: Overrides,
         settings.config_path or default_config_path())
     backend: Backend = overrides.backend or Http1Backend()
     stack.push_async_callback(backend.close)
-    http = background_session()
+    http = Http1Backend(max_idle_per_host=2)  # the control plane's one client
     stack.push_async_callback(http.close)
     stores = create_stores(settings.redis_url, prefix=settings.redis_prefix,
                            local_socket=settings.store_socket)
@@ -268,7 +270,8 @@ async def _start(app: FastAPI, settings: Settings, overrides: Overrides,
                          observer=CompositeObserver(telemetry.observer, LimitsObserver(limits),
                                                     shadow))
     state = AppState(settings, config, gen, proxy, http, time.time(),
-                     served_models(gen.fleet.config), asyncio.Lock(), KeyTable(config.auth),
+                     served_models(gen.fleet.config, gen.fleet.endpoints), asyncio.Lock(),
+                     KeyTable(config.auth),
                      limits, stores=stores, ledger=telemetry.ledger)
     state.shadow = shadow
     stack.push_async_callback(state.close_retiring)
@@ -279,7 +282,10 @@ async def _start(app: FastAPI, settings: Settings, overrides: Overrides,
                     settings.sync_interval_s)
     state.sync = sync
     costs = CostPublisher(stores, telemetry.ledger, replica_id)
-    for job in (sync.run(), _fleet_sync(state, costs, settings.sync_interval_s)):
+    state.scaler = GatewayScaler(lambda: current().fleet, proxy.flow.waiting_by_model)
+    telemetry.registry.register(ScalingCollector(state.scaler))
+    for job in (sync.run(), _fleet_sync(state, costs, settings.sync_interval_s),
+                state.scaler.run(settings.scale_interval_s)):
         task = asyncio.create_task(job)
         stack.callback(task.cancel)
     stack.push_async_callback(costs.publish)  # the last charges, before the store closes
@@ -304,8 +310,8 @@ class CostPublisher:
         version, now = self.ledger.version(), time.monotonic()
         if not force and version == self._version and now - self._at < COSTS_REFRESH_S:
             return
-        await self.stores.shared.publish_costs(self.replica_id,
-                                               self.ledger.snapshot().encode(), COSTS_TTL_S)
+        await self.stores.shared.publish_blob("costs", self.replica_id,
+                                              self.ledger.snapshot().encode(), COSTS_TTL_S)
         if not getattr(self.stores.shared, "degraded", False):
             self._version, self._at = version, now
 

@@ -10,6 +10,12 @@ router's (``routing/estimate.py``: $/token = replica $/s over the tokens/s it su
     charge $         = replica $/s * replica-seconds
     GPU-hours        = replica-seconds * gpus_per_replica / 3600
 
+A hosted API priced per token (``price_per_mtok``) has no replica: an attempt there is
+charged its tokens (``input x input price + output x output price``, per million; the
+engine's usage), with no replica- or GPU-seconds; a failed or cancelled one reports no
+usage and is charged nothing (what the providers bill for a refused request). Its pool's
+row in ``/admin/costs`` says ``price_per_mtok``.
+
 A replica busy with B requests for T seconds is charged B * (T/B) = T replica-seconds: the
 charges add up to exactly what the busy replica cost, so $/Mtok measured here is the
 router's $/Mtok once the prediction is right. Idle time is charged to nobody (it is the
@@ -48,8 +54,12 @@ class Charge:
     usd: float
 
 
-def attempt_charge(endpoint: Endpoint, e2e_s: float, mean_concurrency: float) -> Charge:
-    """The attribution rule above, for one attempt on ``endpoint``."""
+def attempt_charge(endpoint: Endpoint, e2e_s: float, mean_concurrency: float,
+                   input_tokens: int = 0, output_tokens: int = 0) -> Charge:
+    """The attribution rule above, for one attempt on ``endpoint`` (its tokens: what a
+    hosted API charges)."""
+    if endpoint.hosted is not None:
+        return Charge(0.0, 0.0, endpoint.hosted.price.charge_usd(input_tokens, output_tokens))
     replica_s = replica_seconds(e2e_s, mean_concurrency)
     return Charge(replica_s, replica_s * endpoint.gpus_per_replica,
                   charge_usd(endpoint.usd_per_s, e2e_s, mean_concurrency))
@@ -94,6 +104,9 @@ class PoolFacts:
     engine: str
     gpus_per_replica: int
     price_per_gpu_hour: float
+    # a hosted pool's $ per million input and output tokens (absent: priced per GPU-hour)
+    input_usd_per_mtok: float | None = None
+    output_usd_per_mtok: float | None = None
 
 
 TALLY_FIELDS = tuple(f.name for f in fields(Tally))
@@ -114,7 +127,10 @@ class LedgerSnapshot:
             "tallies": [[*k, *(getattr(t, n) for n in TALLY_FIELDS)]
                         for k, t in self.tallies.items()],
             "pools": {p: [f.accelerator, f.vendor, f.engine, f.gpus_per_replica,
-                          f.price_per_gpu_hour] for p, f in self.pools.items()}})
+                          f.price_per_gpu_hour,
+                          *(() if f.input_usd_per_mtok is None else
+                            (f.input_usd_per_mtok, f.output_usd_per_mtok))]
+                      for p, f in self.pools.items()}})
 
     @staticmethod
     def decode(blob: bytes) -> LedgerSnapshot:
@@ -150,9 +166,11 @@ class CostLedger:
         found = self._tallies.get(key)
         if found is None:
             found = self._tallies[key] = Tally()
-        self._pools[endpoint.pool] = PoolFacts(endpoint.accelerator, endpoint.vendor,
-                                               endpoint.engine, endpoint.gpus_per_replica,
-                                               endpoint.price_per_gpu_hour)
+        price = endpoint.hosted.price if endpoint.hosted is not None else None
+        self._pools[endpoint.pool] = PoolFacts(
+            endpoint.accelerator, endpoint.vendor, endpoint.engine, endpoint.gpus_per_replica,
+            endpoint.price_per_gpu_hour, None if price is None else price.input_usd_per_mtok,
+            None if price is None else price.output_usd_per_mtok)
         return found
 
     def total_usd(self) -> float:
@@ -199,7 +217,9 @@ class CostLedger:
                           **_row(_sum(snap.tallies.values()))}
                          for rid, snap in ledgers.items()],
             "rule": "charge = price_per_gpu_hour * gpus_per_replica / 3600 * e2e_s / "
-                    "mean_concurrency; $/Mtok and tokens_per_usd count output tokens",
+                    "mean_concurrency (a pool priced per token: input_tokens * "
+                    "price_per_mtok.input + output_tokens * price_per_mtok.output, per "
+                    "million); $/Mtok and tokens_per_usd count output tokens",
             "total": _row(_sum(t for _, t in items)),
             "pools": pools,
             "models": [{"model": m, **_row(t)} for m, t in _group(items, lambda k: k[1])],
@@ -225,8 +245,13 @@ def _group(items: list[tuple[tuple[str, str, str], Tally]],
 
 
 def _facts(f: PoolFacts) -> dict[str, Any]:
-    return {"accelerator": f.accelerator, "vendor": f.vendor, "engine": f.engine,
-            "gpus_per_replica": f.gpus_per_replica, "price_per_gpu_hour": f.price_per_gpu_hour}
+    out: dict[str, Any] = {"accelerator": f.accelerator, "vendor": f.vendor,
+                           "engine": f.engine, "gpus_per_replica": f.gpus_per_replica,
+                           "price_per_gpu_hour": f.price_per_gpu_hour}
+    if f.input_usd_per_mtok is not None:
+        out["price_per_mtok"] = {"input": f.input_usd_per_mtok,
+                                 "output": f.output_usd_per_mtok}
+    return out
 
 
 def _row(t: Tally) -> dict[str, Any]:

@@ -1,8 +1,10 @@
 """The decision log: the last routing decisions, explainable on demand.
 
 Each entry keeps the ``Decision`` (arrays, cheap to keep) plus the request id, the time, the
-replica that routed it (its replica id, as in ``/admin/endpoints``) and the outcome of the
-attempts; ``explain`` renders the candidates' per-scorer scores and
+replica that routed it (its replica id, as in ``/admin/endpoints``), the outcome of the
+attempts and, where a model fallback happened, both ends of it (``fallback`` on the
+fallback model's decision, ``fell_back_to`` on the one it replaced: one request, several
+entries); ``explain`` renders the candidates' per-scorer scores and
 estimates only when ``/admin/decisions`` asks. The log keeps the last ``size`` decisions,
 or fewer when their candidates add up to more than ``max_candidates`` (a decision keeps
 ~150 bytes per candidate: 1,000 decisions over 1,000 endpoints would hold 150 MB).
@@ -29,6 +31,9 @@ class DecisionEntry:
     decision: Decision
     attempts: list[dict[str, Any]] = field(default_factory=list)
     replica: str | None = None
+    # a fallback model's decision: why (asked, from, reason, error; gateway/proxy/fallback.py)
+    fallback: dict[str, str] | None = None
+    fell_back_to: str | None = None  # this model could not serve it: the model tried next
 
     def explain(self, candidates: int | None = None) -> dict[str, Any]:
         out = self.decision.explain(candidates)
@@ -40,6 +45,7 @@ class DecisionEntry:
             "estimated_ttft_s": self.decision.estimate("ttft_s"),
             "estimated_tpot_s": self.decision.estimate("tpot_s"),
             "chosen_pool": chosen.pool if chosen else None,
+            "fallback": self.fallback, "fell_back_to": self.fell_back_to,
         })
         return out
 

@@ -95,8 +95,12 @@ DAY_TTL_S, MONTH_TTL_S = 2 * 86400.0, 62 * 86400.0
 
 def attempt_cost_usd(endpoint: Endpoint, result: AttemptResult) -> float:
     """The attempt's share of its replica's GPU time (docs/observability.md): replica $/s
-    times the seconds it ran, divided by the requests sharing the replica meanwhile."""
-    return charge_usd(endpoint.usd_per_s, result.e2e_s, result.mean_concurrency)
+    times the seconds it ran, divided by the requests sharing the replica meanwhile; on a
+    hosted API priced per token, its tokens."""
+    usage = result.usage or {}
+    return endpoint.charge_usd(result.e2e_s, result.mean_concurrency,
+                               int(usage.get("prompt_tokens") or 0),
+                               int(usage.get("completion_tokens") or 0))
 
 
 class PromptScale:
@@ -142,7 +146,9 @@ def worst_case_usd(snap: Snapshot, routing: RoutingRequest, prompt_tokens: float
         ttft = _factor(k_ttft[i]) * (static[STATIC_ROW["step_base_s"], i]
                                      + static[STATIC_ROW["prefill_s_per_token"], i] * n)
         usd = charge_usd(float(static[STATIC_ROW["usd_per_s"], i]),
-                         float(ttft + tpot * max(g - 1.0, 0.0)), 1.0)
+                         float(ttft + tpot * max(g - 1.0, 0.0)), 1.0) + (
+            n * static[STATIC_ROW["usd_per_input_token"], i]  # a hosted API's tokens
+            + g * static[STATIC_ROW["usd_per_output_token"], i])
         worst = max(worst, usd if math.isfinite(usd) else 0.0)
     return worst
 

@@ -107,6 +107,8 @@ class _GuardedHttpTools(HttpToolsProtocol):
         self._begun = False
         self._in_head = False
         super().on_headers_complete()
+        if self.cycle is not None:  # set by uvicorn unless it refused the request
+            self.cycle.on_disconnect = None  # type: ignore[attr-defined]  # client.py hooks it
 
     def on_message_complete(self) -> None:
         self._in_head, self._head_bytes = True, 0
@@ -123,7 +125,12 @@ class _GuardedHttpTools(HttpToolsProtocol):
         self._disarm()
         if self._linger is not None:
             self._linger.cancel()
+        cycle = self.cycle
         super().connection_lost(exc)
+        if cycle is not None and cycle.disconnected:  # uvicorn marks an unfinished answer
+            hook = getattr(cycle, "on_disconnect", None)
+            if hook is not None:
+                hook()  # the request's ClientWatch: no task waits on receive() for this
 
     def _too_large(self) -> None:
         """The request's head passed the cap: 431 and a lingering close (module doc)."""

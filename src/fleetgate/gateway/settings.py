@@ -19,6 +19,7 @@
 | FLEETGATE_BODY_TIMEOUT_S | 30 | a request's body must arrive within this (408 beyond) |
 | FLEETGATE_SHUTDOWN_TIMEOUT_S | 30 | on shutdown, streams still open then end with an error |
 | FLEETGATE_WORKERS | 1 | worker processes of ``fleetgate serve`` (``--workers``) |
+| FLEETGATE_SCALE_INTERVAL_S | 5 | how often the fleet scaler ticks (``autoscale:`` pools) |
 
 ``serve --workers N`` sets three more for its workers (``gateway/processes.py``):
 ``FLEETGATE_STORE_SOCKET`` (the supervisor's stores, when no Redis is set),
@@ -62,6 +63,7 @@ class Settings(BaseModel):
     body_timeout_s: float = Field(default=30.0, gt=0)
     shutdown_timeout_s: float = Field(default=30.0, gt=0)
     workers: int = Field(default=1, ge=1, le=256)
+    scale_interval_s: float = Field(default=5.0, gt=0)
     store_socket: str | None = None
     shared_emulators: dict[str, str] = Field(default_factory=dict)
     reuse_port: bool = False

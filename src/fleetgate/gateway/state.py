@@ -20,13 +20,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import aiohttp
 from pydantic import ValidationError
 
+from fleetgate.backends.http1 import Http1Backend
 from fleetgate.config import ConfigError, FleetConfig, default_config_path, load_config
 from fleetgate.gateway.auth import KeyTable
+from fleetgate.gateway.autoscaler import GatewayScaler
 from fleetgate.gateway.costs import CostLedger
 from fleetgate.gateway.limits import LimitEnforcer
 from fleetgate.gateway.proxy.service import Generation, ProxyService
@@ -40,7 +42,8 @@ from fleetgate.gateway.registrations import (
     merge,
 )
 from fleetgate.gateway.settings import Settings
-from fleetgate.routing import PolicyError, Router, build_router
+from fleetgate.routing import Endpoint, PolicyError, Router, build_router
+from fleetgate.routing.policies import FallbackRoutes
 from fleetgate.state.fleet import Fleet
 from fleetgate.state.store import MemoryLimits, Stores
 from fleetgate.state.sync import PeerSync
@@ -54,7 +57,7 @@ class AppState:
     config: FleetConfig
     generation: Generation
     proxy: ProxyService
-    http: aiohttp.ClientSession  # probes and scrapes (backends.probes.background_session)
+    http: Http1Backend  # the control plane's one client: probes, scrapes, capacity, adapters
     started_at: float
     models: dict[str, frozenset[str]]  # public model -> the APIs some pool serves it over
     reload_lock: asyncio.Lock
@@ -66,6 +69,7 @@ class AppState:
     shadow: ShadowMirror | None = None  # mirrors to candidate pools; GET /admin/shadow
     retiring: set[asyncio.Task[None]] = field(default_factory=set)  # replaced fleets draining
     ledger: CostLedger | None = None  # this replica's charges (telemetry's ledger)
+    scaler: GatewayScaler | None = None  # autoscale: pools; GET /admin/scaling
     _rejected: list[tuple[str, RegistrationBody]] | None = None  # shared set that failed
 
     async def reload(self) -> FleetConfig:
@@ -166,7 +170,7 @@ class AppState:
         old = self.generation
         gen = await build_generation(effective, self.settings, self.http, previous=old.fleet)
         self.generation, self.config = gen, config
-        self.models = served_models(effective)
+        self.models = served_models(effective, gen.fleet.endpoints)
         self.keys = KeyTable(config.auth)
         retiring = asyncio.create_task(old.fleet.retire(set(gen.fleet.emulators),
                                                         self.settings.total_timeout_s))
@@ -180,7 +184,7 @@ class AppState:
         await asyncio.gather(*self.retiring, return_exceptions=True)
 
 
-async def build_generation(config: FleetConfig, settings: Settings, http: aiohttp.ClientSession,
+async def build_generation(config: FleetConfig, settings: Settings, http: Http1Backend,
                            router: Router | None = None,
                            previous: Fleet | None = None) -> Generation:
     """A new generation; ``previous`` (a reload) hands over its emulated engines, its live
@@ -201,13 +205,19 @@ async def build_generation(config: FleetConfig, settings: Settings, http: aiohtt
     first_byte = {name: p.first_byte_timeout_s for name, p in config.policies.items()}
     shadow = {name: p.shadow for name, p in config.policies.items() if p.shadow is not None}
     resume = {name: p.resume_streams for name, p in config.policies.items()}
-    return Generation(fleet, router, attempts, first_byte, shadow, resume)
+    return Generation(fleet, router, attempts, first_byte, shadow, resume,
+                      FallbackRoutes.from_config(config))
 
 
-def served_models(config: FleetConfig) -> dict[str, frozenset[str]]:
-    """Public model -> the APIs at least one pool serves it over."""
+def served_models(config: FleetConfig,
+                  endpoints: Sequence[Endpoint] = ()) -> dict[str, frozenset[str]]:
+    """Public model -> the APIs at least one pool serves it over (a LoRA adapter is one
+    more model of the pools that declare it, or whose engines list it: ``endpoints``)."""
     apis: dict[str, set[str]] = {}
     for pool in config.pools:
-        for model in pool.models:
+        for model in [*pool.models, *(a.name for a in pool.adapters)]:
             apis.setdefault(model, set()).update(pool.served_apis)
+    for ep in endpoints:
+        for name in ep.adapters:
+            apis.setdefault(name, set()).update(ep.served_apis)
     return {model: frozenset(found) for model, found in apis.items()}

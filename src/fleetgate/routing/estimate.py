@@ -86,6 +86,14 @@ prior of ``prior.py`` corrected by the learned ``k_tpot``/``k_ttft``:
              a 429 (with it, goodput at 2x the small fleet's capacity fell from 57.8 to
              53.5 requests/s; without it, 71.4)
 
+A hosted API priced per token (``per_token`` 1: ``engine: openai`` with ``price_per_mtok``)
+has no replica time to model or pay for: tpot = k_tpot x its expected TPOT, ttft = k_ttft x
+its expected TTFT at any load, B_slo = B_max = its ``max_concurrency``, usd_per_mtok = its
+output price plus its input price x n_typ / g_typ, marginal_usd = n x input price + g x
+output price (what this request will be charged), meets_slo = can_take = timely and
+active + 1 <= max_concurrency. The cost scorer ranks it after every self-hosted endpoint
+(``plugins/cost.py``), so it takes only what self-hosted capacity cannot within the SLO.
+
 The loop (numba) costs ~10 ns a candidate; as whole-column numpy operations the same
 formulas took ~60 calls whose fixed cost dominated a decision at any fleet size
 (BENCHMARKS.md, "Routing decision time").
@@ -154,7 +162,8 @@ _LIVE_IN = np.array([LIVE_ROW[name] for name in (
     dtype=np.intp)
 _STATIC_IN = np.array([STATIC_ROW[name] for name in (
     "step_base_s", "step_per_ctx_token_s", "prefill_s_per_token", "kv_capacity_tokens",
-    "max_batch", "usd_per_s")], dtype=np.intp)
+    "max_batch", "usd_per_s", "per_token", "usd_per_input_token", "usd_per_output_token",
+    "hosted_ttft_s")], dtype=np.intp)
 _BASE, _PER_CTX, _PREFILL, _KV_CAP, _MAX_BATCH = (STATIC_ROW[name] for name in (
     "step_base_s", "step_per_ctx_token_s", "prefill_s_per_token", "kv_capacity_tokens",
     "max_batch"))
@@ -201,11 +210,15 @@ def _kernel(live: FloatArray, static: FloatArray, live_in: IntArray, static_in: 
     """
     (active_r, queued_r, kv_usage_r, k_tpot_r, k_ttft_r, prefill_rate_r, limit_r, knee_r,
      typ_n_r, typ_g_r, short_r) = live_in
-    base_r, per_ctx_r, prefill_r, kv_cap_r, max_batch_r, usd_r = static_in
+    base_r, per_ctx_r, prefill_r, kv_cap_r, max_batch_r, usd_r = static_in[:6]
     ctx = n_sent + g / 2
     full = n_sent + g
     for j in range(idx.shape[0]):
         i = idx[j]
+        if static[static_in[6], i] > 0:  # a hosted API priced per token
+            _hosted(live, static, live_in, static_in, i, j, n_sent, g, tpot_limit, ttft_limit,
+                    out, meets)
+            continue
         n = max(n_sent - hits[j], 1.0) if hits.shape[0] else n_sent  # what it must prefill
         slow = _prefill_slowdown(live[prefill_rate_r, i], static[prefill_r, i])
         active, k_tpot = live[active_r, i], live[k_tpot_r, i]
@@ -264,6 +277,33 @@ def _kernel(live: FloatArray, static: FloatArray, live_in: IntArray, static_in: 
                                + live[k_ttft_r, i] * static[prefill_r, i] * n + fixed)
         else:
             out[9, j] = np.inf
+
+
+@compiled
+def _hosted(live: FloatArray, static: FloatArray, live_in: IntArray, static_in: IntArray,
+            i: int, j: int, n: float, g: float, tpot_limit: float, ttft_limit: float,
+            out: FloatArray, meets: BoolArray) -> None:
+    """The kernel's rows for a hosted API (the module docstring's last paragraph)."""
+    active, cap = live[live_in[0], i], static[static_in[4], i]
+    tpot = live[live_in[3], i] * static[static_in[0], i]
+    ttft = live[live_in[4], i] * static[static_in[9], i]
+    usd_in, usd_out = static[static_in[7], i], static[static_in[8], i]
+    typical = live[live_in[8], i] if live[live_in[8], i] > 0 else n
+    answer = live[live_in[9], i] if live[live_in[9], i] > 0 else DEFAULT_MAX_TOKENS
+    timely = ((tpot_limit == np.inf or tpot <= tpot_limit)
+              and (ttft_limit == np.inf or ttft <= ttft_limit))
+    room = active + 1.0 <= cap
+    out[0, j] = cap
+    out[1, j] = tpot
+    out[2, j] = ttft
+    out[3, j] = ttft + tpot * (g - 1)
+    out[4, j] = cap
+    out[5, j] = 1e6 * (usd_out + usd_in * typical / answer)
+    out[6, j] = active / cap
+    out[7, j] = max(cap - active, 0.0) * (n + g)
+    out[8, j] = 1.0 if timely and room else 0.0
+    out[9, j] = usd_in * n + usd_out * g
+    meets[j] = timely and room
 
 
 @compiled
@@ -341,9 +381,11 @@ class Estimates:
 
     @lazy
     def prefill_s(self) -> FloatArray:
-        """This prompt's prefill alone on an idle endpoint: k_ttft * (base + prefill * n)."""
-        return self.column("k_ttft") * (self.column("step_base_s")
-                                        + self.column("prefill_s_per_token") * self._n)
+        """This prompt's prefill alone on an idle endpoint: k_ttft * (base + prefill * n);
+        a hosted API's expected TTFT."""
+        own = self.column("step_base_s") + self.column("prefill_s_per_token") * self._n
+        hosted = self.column("hosted_ttft_s")
+        return self.column("k_ttft") * np.where(hosted > 0, hosted, own)
 
     @lazy
     def active(self) -> FloatArray:

@@ -1,11 +1,12 @@
 """The routing pipeline (llm-d's endpoint picker is the model) and the strategy presets.
 
 ``Pipeline.route(request, snapshot)`` is pure: builtin prefilters (serves the model, not
-``not_ready``, breaker allows, fresh) -> estimates (``estimate.py``) -> the policy's filters
--> weighted scorers, each in [0,1] -> a picker that puts the best ``max_attempts`` survivors
-first (the attempt and retry order). Each stage works on whole columns (numpy, or a compiled
-loop) and keeps its mask, so why an endpoint was dropped is only worked out when someone
-asks (``Decision``).
+``not_ready``, breaker allows, fresh) -> estimates (``estimate.py``) -> for a LoRA
+adapter, the adapter stage (``adapters.py``: where it is loaded, else where it may be) ->
+the policy's filters -> weighted scorers, each in [0,1] -> a picker that puts the best
+``max_attempts`` survivors first (the attempt and retry order). Each stage works on whole
+columns (numpy, or a compiled loop) and keeps its mask, so why an endpoint was dropped is
+only worked out when someone asks (``Decision``).
 
 Strategy presets and the SLO modes are data in ``strategies.py``.
 
@@ -19,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from fleetgate.routing.adapters import STAGE as ADAPTER_STAGE
+from fleetgate.routing.adapters import adapter_stage, is_adapter
 from fleetgate.routing.estimate import Estimates, Slo
 from fleetgate.routing.plugins import Bound, ScoringInput
 from fleetgate.routing.plugins.base import normalise_min_over
@@ -49,6 +52,13 @@ class Pipeline:
         alive, left = est.prefilter()
         count = len(idx)
         stages = [] if left == count else [(PREFILTER, alive)]
+        adapter, load = None, False
+        if snap.adapters is not None and is_adapter(snap, req.model, idx):
+            adapter = req.model
+            keep, load = adapter_stage(snap, adapter, idx, alive)
+            stages.append((ADAPTER_STAGE, keep))
+            alive = alive & keep
+            left = int(np.count_nonzero(alive))
         inp = ScoringInput(snap, idx, req, est, alive)
         for flt in self.filters:
             if not left:
@@ -64,13 +74,14 @@ class Pipeline:
             return Decision(self.name, req.model, "no eligible endpoint" if limit is None else
                             "the request exceeds every endpoint's context", snap.endpoints, idx,
                             stages=tuple(stages), estimates=est, alive=alive, snapshot=snap,
-                            context_limit=limit)
+                            context_limit=limit, adapter=adapter)
         scores = {s.name: s(inp) for s in self.scorers}
         total, reason, over = self._total(scores, est, alive, left)
         rank = total if left == count else np.where(alive, total, -np.inf)
         order = self.picker.order(rank, min(self.max_attempts, left))
         return Decision(self.name, req.model, reason, snap.endpoints, idx, order, total, scores,
-                        est, tuple(stages), alive, over, snap)
+                        est, tuple(stages), alive, over, snap, adapter=adapter,
+                        load_adapter=load)
 
     def _total(self, scores: dict[str, Any], est: Estimates, alive: Any,
                left: int) -> tuple[Any, str, bool]:

@@ -7,12 +7,20 @@ checks it exists and that the caller may use it), else the first ``routes`` entr
 raising ``PolicyError`` with the YAML path of the first problem; a reload builds a whole new
 router and the gateway swaps one reference.
 
+``FallbackRoutes``: the models a request may fall back to (``routes[].fallbacks``). The
+first route whose ``match`` fits the request gives its fallbacks, as it gives its policy
+(``x-fleetgate-policy`` picks the policy, never the fallbacks); ``chain`` walks them in
+order, then each fallback's own route's fallbacks, each model once, skipping the asked
+model and models the caller may not use (their own fallbacks still follow). The config
+rejects loops, and the walk remembers what it tried, so a chain always ends.
+
 May touch: config schema, routing pipeline and plugins. Must not touch: I/O.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 
 from fleetgate.config.schema import FleetConfig, PolicyConfig, RouteMatch
 from fleetgate.routing.estimate import Slo
@@ -44,6 +52,37 @@ class PolicyRouter:
 
     def route(self, request: RoutingRequest, snapshot: Snapshot) -> Decision:
         return self.policies[self.policy_for(request)].route(request, snapshot)
+
+
+@dataclass(frozen=True, slots=True)
+class FallbackRoutes:
+    routes: tuple[tuple[RouteMatch, tuple[str, ...]], ...] = ()
+
+    @classmethod
+    def from_config(cls, config: FleetConfig) -> FallbackRoutes:
+        if not any(r.fallbacks for r in config.routes):
+            return cls()
+        return cls(tuple((r.match, tuple(r.fallbacks)) for r in config.routes))
+
+    def of(self, req: RoutingRequest) -> tuple[str, ...]:
+        """The fallbacks of the first route that matches ``req``."""
+        for match, fallbacks in self.routes:
+            if _matches(match, req):
+                return fallbacks
+        return ()
+
+    def chain(self, req: RoutingRequest, may_use: Callable[[str], bool]) -> Iterator[str]:
+        """The models to try after ``req.model``, best first (see the module)."""
+        seen = {req.model}
+        queue = list(self.of(req))
+        while queue:
+            model = queue.pop(0)
+            if model in seen:
+                continue
+            seen.add(model)
+            queue.extend(self.of(replace(req, model=model)))
+            if may_use(model):
+                yield model
 
 
 def _matches(match: RouteMatch, req: RoutingRequest) -> bool:

@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from fleetgate.catalog.engines import ENGINES, EngineSpec
-from fleetgate.catalog.pricing import usd_per_second
+from fleetgate.catalog.pricing import TokenPrice, charge_usd, usd_per_second
 
 Health = Literal["pending", "ready", "not_ready"]
 HEALTH_CODES: dict[Health, int] = {"pending": 0, "ready": 1, "not_ready": 2}
@@ -62,6 +62,50 @@ class RoutingRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class HostedTerms:
+    """What a hosted API (a pool priced per token) promises: its price, its cap on requests
+    at once, and the TTFT and TPOT its answers are expected to take."""
+
+    price: TokenPrice
+    max_concurrency: int
+    ttft_s: float
+    tpot_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Adapter:
+    """A LoRA adapter an endpoint serves or may load (its pool's ``adapters``): routed as a
+    model of its own, ``name``, over the public model ``base``; ``path`` is where the engine
+    loads it from (None: it cannot be loaded at run time); ``preload``: the engine starts
+    with it."""
+
+    name: str
+    base: str
+    path: str | None = None
+    preload: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterView:
+    """Which endpoint holds which LoRA adapter, at one instant (``state/adapters.py`` keeps
+    it; immutable: a change builds a new view). Arrays are indexed like the snapshot's
+    endpoints. ``loaded``: adapter -> endpoints that have it loaded or are loading it (a
+    load under way counts: requests for it wait for that load, never start another);
+    ``loadable``: adapter -> endpoints whose pool may load it at run time (it has a path);
+    ``count``: adapters each endpoint holds (loading ones included); ``limit``: the most it
+    may hold (its pool's ``max_adapters``)."""
+
+    loaded: Mapping[str, BoolArray]
+    loadable: Mapping[str, BoolArray]
+    count: IntArray
+    limit: IntArray
+
+    def holds(self, adapter: str, i: int) -> bool:
+        mask = self.loaded.get(adapter)
+        return bool(mask is not None and mask[i])
+
+
+@dataclass(frozen=True, slots=True)
 class Endpoint:
     """One engine replica, as the config (or a worker's registration) describes it: who it
     is, not how it is doing. Live state refers to it by position; ``id`` is ``<pool>-<n>``.
@@ -81,6 +125,18 @@ class Endpoint:
     runtime: str = ""
     max_model_len: int | None = None
     apis: tuple[str, ...] = ()  # what it serves (catalog.engines.API_NAMES); () = the engine's
+    hosted: HostedTerms | None = None  # a hosted API priced per token (no replica to pay)
+    api_key: str | None = field(default=None, repr=False)  # the pool's upstream key
+    # LoRA adapters (each also in ``models``: public name -> the name the engine serves it
+    # under), the most it holds at once, and whether the gateway may load them at run time
+    adapters: Mapping[str, Adapter] = field(default_factory=dict)
+    max_adapters: int = 0
+    load_adapters: bool = False
+
+    @property
+    def auth_headers(self) -> dict[str, str]:
+        """What every request to the engine carries to be let in (its pool's ``api_key``)."""
+        return {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     @property
     def spec(self) -> EngineSpec:
@@ -97,6 +153,14 @@ class Endpoint:
     @property
     def usd_per_s(self) -> float:
         return usd_per_second(self.price_per_gpu_hour, self.gpus_per_replica)
+
+    def charge_usd(self, e2e_s: float, concurrency: float, input_tokens: float = 0.0,
+                   output_tokens: float = 0.0) -> float:
+        """What one attempt here is charged (``catalog.pricing``): its share of the replica's
+        time, or, on a hosted API, its tokens."""
+        if self.hosted is not None:
+            return self.hosted.price.charge_usd(input_tokens, output_tokens)
+        return charge_usd(self.usd_per_s, e2e_s, concurrency)
 
     @property
     def is_emulated(self) -> bool:
@@ -121,7 +185,8 @@ LIVE_COLUMNS = (
     *ROUTED_COLUMNS, "in_flight", "running", "ttft_s", "tpot_s", "tokens_per_s", "block_until",
     "last_contact", "error_rate", "peer_in_flight", "peer_block_until")
 STATIC_COLUMNS = ("step_base_s", "step_per_ctx_token_s", "prefill_s_per_token",
-                  "kv_capacity_tokens", "max_batch", "max_model_len", "usd_per_s")
+                  "kv_capacity_tokens", "max_batch", "max_model_len", "usd_per_s",
+                  "per_token", "usd_per_input_token", "usd_per_output_token", "hosted_ttft_s")
 LIVE_ROW = {name: i for i, name in enumerate(LIVE_COLUMNS)}
 STATIC_ROW = {name: i for i, name in enumerate(STATIC_COLUMNS)}
 
@@ -147,7 +212,9 @@ class Snapshot:
     decision never recomputes them over the fleet, and copies only these rows (the copy is
     a fixed cost of every decision). The other live columns (in-flight, running, measured
     EWMAs, breaker times, peers) are read from ``LiveFleet.column``. ``static`` (read-only,
-    one row per STATIC_COLUMNS name): the performance prior and the replica's $/s.
+    one row per STATIC_COLUMNS name): the performance prior and the replica's $/s; for a
+    hosted API priced per token, ``per_token`` 1, its prices per token and its expected
+    TTFT (``hosted_ttft_s``; its prior: ``state/prior.py`` ``hosted_prior``), 0 elsewhere.
     ``prefix``: a reference to the live prefix index, not a copy (copying it per decision
     would cost more than the decision); only the ``prefix_cache`` scorer reads it, within
     the synchronous decision, so the decision still sees one consistent state.
@@ -159,6 +226,7 @@ class Snapshot:
     static: FloatArray
     taken_at: float = 0.0
     prefix: PrefixLookup | None = None  # the live prefix index, read only (see the class doc)
+    adapters: AdapterView | None = None  # who holds which LoRA adapter (None: no adapters)
 
     def col(self, name: str) -> Any:
         row = LIVE_ROW.get(name)
@@ -215,6 +283,10 @@ class Decision:
     # The request fits the context of no endpoint serving the model, healthy or not (a client
     # error, not a lack of capacity): the largest context there is. None: it fits one.
     context_limit: int | None = None
+    # The model is a LoRA adapter (routing/adapters.py): its name, and whether the ranked
+    # endpoints have yet to load it (none had it loaded)
+    adapter: str | None = None
+    load_adapter: bool = False
 
     @property
     def rejected_count(self) -> int:
@@ -293,9 +365,13 @@ class Decision:
                 "estimates": {name: _num(float(v[k])) for name, v in estimates.items()},
             })
         chosen = self.chosen
-        return {"policy": self.policy, "model": self.model, "reason": self.reason,
-                "chosen": chosen.id if chosen else None, "candidates": rows,
-                "rejected": dict(self.rejected)}
+        out: dict[str, Any] = {
+            "policy": self.policy, "model": self.model, "reason": self.reason,
+            "chosen": chosen.id if chosen else None, "candidates": rows,
+            "rejected": dict(self.rejected)}
+        if self.adapter is not None:  # a LoRA adapter: whether the chosen one loads it first
+            out["adapter"] = {"name": self.adapter, "load": self.load_adapter}
+        return out
 
 
 def finite_or_none(value: float) -> float | None:

@@ -75,7 +75,7 @@ _COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens", "max_tokens", "prefix
 def generate(workload: Workload, seed: int, duration_s: float | None = None) -> RequestSet:
     """Draw the workload's requests over ``duration_s`` (default: the workload's)."""
     duration = duration_s or workload.duration_s or DEFAULT_DURATION_S
-    streams = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(6)]
+    streams = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(7)]
     arrivals = arrival_times(workload, duration, streams[0])
     n = len(arrivals)
     req = workload.requests
@@ -90,9 +90,15 @@ def generate(workload: Workload, seed: int, duration_s: float | None = None) -> 
         prompt = own + req.prefix.tokens
     tenant, priority, tenants = _tenants(workload, n, streams[4], streams[5])
     sent, out = max_tokens_sent(req.max_tokens, out)
+    model = np.zeros(n, dtype=np.int64)
+    if req.adapters:  # a share of the requests names a LoRA adapter as its model
+        shares = np.array([a.share for a in req.adapters], dtype=float)
+        p = np.concatenate([[max(0.0, 1.0 - shares.sum())], shares])
+        model = streams[6].choice(len(p), size=n, p=p / p.sum()).astype(np.int64)
     return RequestSet(arrivals, prompt, out, sent, group, tenant, priority,
-                      np.full(n, req.stream, dtype=bool), np.zeros(n, dtype=np.int64),
-                      (req.model,), tenants, req.prefix.tokens if req.prefix else 0)
+                      np.full(n, req.stream, dtype=bool), model,
+                      (req.model, *(a.name for a in req.adapters)), tenants,
+                      req.prefix.tokens if req.prefix else 0)
 
 
 def max_tokens_sent(rule: str | int, out: IntArray) -> tuple[IntArray, IntArray]:

@@ -1,55 +1,31 @@
-"""Replica autoscaling of pools in the simulator (``autoscale:`` on a pool; the gateway ignores it).
+"""Replica autoscaling of pools in the simulator (``autoscale:`` on a pool): the scaler of
+``fleetgate.scaling``, the one ``serve`` runs, over simulated replicas.
 
-What a Kubernetes HPA/KEDA setup on the engines' own metrics would do, per pool:
+Every ``scaling.TICK_S`` the scaler reads the live fleet (``scaling.signals``: load, the
+router's SLO capacity per replica, the gateway's admission queue) and says how many
+replicas each autoscaled pool should have. Here that is carried out as a Kubernetes
+deployment would: a new replica is billed from the decision and takes traffic after
+``cold_start_s``; a replica chosen to drain (``scaling.changes``: a starting one first, else
+the ready one with the fewest requests) stops taking traffic at once, finishes what it
+holds, then stops being billed.
 
-* signal: the engines' ``running + waiting`` (what the collector scrapes every second),
-  summed over the pool's live replicas and averaged over the last ``WINDOW_S``;
-* capacity of one replica: the concurrency it sustains within the workload's SLO
-  (``capacity.py``: measured on the same engine model with the workload's request mix);
-* desired = ceil(signal / (capacity x target_utilization)), clipped to [min, max];
-* scale up at once (a new replica is billed from the decision and takes traffic after
-  ``cold_start_s``); scale down only after the desire has stayed lower for
-  ``SCALE_DOWN_AFTER_S``, one replica per tick: it stops taking traffic at once (the worker
-  deregisters), finishes what it holds, then stops being billed.
-
-The router is what makes this matter: load concentrated on the pools that are cheapest per
-token lets the dear ones shrink to ``min_replicas``.
-
-May touch: the sim fleet's pool descriptions. Must not touch: routing, live state.
+May touch: the sim fleet's pool descriptions, scaling. Must not touch: routing, I/O.
 """
 
 from __future__ import annotations
 
-import math
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from fleetgate.sim.fleet import SimPool
-
-TICK_S = 10.0
-WINDOW_S = 30.0
-SCALE_DOWN_AFTER_S = 60.0
-OFF, STARTING, ON, DRAINING = 0, 1, 2, 3
-
-
-@dataclass
-class PoolScaler:
-    pool: SimPool
-    capacity: float  # concurrency one replica sustains within the SLO
-    samples: deque[tuple[float, float]] = field(default_factory=deque)
-    lower_since: float | None = None
-
-    def record(self, now: float, load: float) -> None:
-        self.samples.append((now, load))
-        while self.samples and now - self.samples[0][0] > WINDOW_S:
-            self.samples.popleft()
-
-    def desired(self) -> int:
-        spec = self.pool.autoscale
-        assert spec is not None
-        load = sum(v for _, v in self.samples) / len(self.samples) if self.samples else 0.0
-        want = math.ceil(load / max(self.capacity * spec.target_utilization, 1e-9) - 1e-9)
-        return min(max(want, spec.min_replicas), spec.max_replicas)
+from fleetgate.scaling import (
+    READY,
+    FleetScaler,
+    Target,
+    changes,
+    observe,
+    scaled_pools,
+)
+from fleetgate.scaling.signals import scaling_slo
+from fleetgate.sim.fleet import SimFleet
 
 
 @dataclass(frozen=True)
@@ -59,34 +35,27 @@ class Action:
 
 
 class Autoscaler:
-    """Slot states per endpoint of the autoscaled pools; ``tick`` says what to change."""
+    """Slot states of the autoscaled pools; ``tick`` says what to change."""
 
-    def __init__(self, pools: list[SimPool], capacity: dict[str, float]) -> None:
-        self.scalers = [PoolScaler(p, capacity[p.name]) for p in pools if p.autoscale]
-        self.state: dict[int, int] = {}
-        for p in pools:
-            for k, i in enumerate(p.slots):
-                self.state[i] = ON if k < p.initial else OFF
+    def __init__(self, fleet: SimFleet) -> None:
+        managed = {p.name for p in fleet.pools if p.autoscale}
+        self.pools = scaled_pools(fleet.config, fleet.endpoints, managed,
+                                  {p.name: p.initial for p in fleet.pools})
+        self.managed = [p for p in self.pools if p.managed]
+        self.slo = scaling_slo(fleet.config)
+        self.scaler = FleetScaler()
+        self.targets: dict[str, Target] = {}
+        self.state: dict[int, int] = {i: READY for i in range(len(fleet.endpoints))}
+        for pool in self.managed:
+            self.state.update(pool.state)
+            pool.state = self.state  # one table: the pools' views of it
 
-    def live_slots(self, scaler: PoolScaler) -> list[int]:
-        return [i for i in scaler.pool.slots if self.state[i] in (STARTING, ON)]
-
-    def tick(self, now: float) -> list[Action]:
+    def tick(self, fleet: SimFleet, now: float, waiting: dict[str, float]) -> list[Action]:
+        self.targets = self.scaler.tick(now, observe(fleet.live, self.pools, self.slo, now),
+                                        waiting)
         actions: list[Action] = []
-        for sc in self.scalers:
-            have = self.live_slots(sc)
-            want = sc.desired()
-            if want > len(have):
-                sc.lower_since = None
-                free = [i for i in sc.pool.slots if self.state[i] == OFF]
-                actions += [Action("start", i) for i in free[:want - len(have)]]
-            elif want < len(have):
-                if sc.lower_since is None:
-                    sc.lower_since = now
-                if now - sc.lower_since >= SCALE_DOWN_AFTER_S:
-                    started = [i for i in have if self.state[i] == STARTING]
-                    actions.append(Action("drain", (started or have)[-1]))
-                    sc.lower_since = now
-            else:
-                sc.lower_since = None
+        for pool in self.managed:
+            start, drain = changes(pool, self.targets[pool.name].desired, fleet.live)
+            actions += [Action("start", i) for i in start] + [Action("drain", i) for i in drain]
         return actions
+

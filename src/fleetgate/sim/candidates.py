@@ -36,7 +36,8 @@ from fleetgate.catalog.gpus import GPUS
 from fleetgate.catalog.models import profile_for_served_name
 from fleetgate.catalog.roofline import min_tensor_parallel
 from fleetgate.emulator.config import EmulatorConfig
-from fleetgate.sim.capacity import Capacity, Mix, replica_capacity
+from fleetgate.sim.capacity import TARGET, Capacity, Mix, replica_capacities
+from fleetgate.sim.parallel import Runner
 
 EngineName = Literal["vllm", "sglang"]
 StackName = Literal["stock", "tuned"]
@@ -130,26 +131,33 @@ def load_capacities(path: str | Path) -> Measured:
     return out
 
 
-def candidates(model: str, gpus: list[str], sheet: PriceSheet, mix: Mix,
-               seed: int, measured: Measured | None = None) -> list[Candidate]:
-    """Every row of the sheet for ``gpus`` that holds ``model``, with its measured capacity."""
+def candidates(model: str, gpus: list[str], sheet: PriceSheet, mix: Mix, seed: int,
+               measured: Measured | None = None, runner: Runner | None = None,
+               ) -> list[Candidate]:
+    """Every row of the sheet for ``gpus`` that holds ``model``, with its measured capacity
+    (the searches run as ``runner``'s tasks, in parallel, when one is given)."""
     unknown = [g for g in gpus if g not in GPUS]
     if unknown:
         raise ValueError(f"unknown GPUs {unknown}; known: {sorted(GPUS)}")
     profile = profile_for_served_name(model)
-    rows = []
+    keys: list[tuple[str, str, str, int]] = []  # gpu, engine, stack, tp
     for gpu in gpus:
         try:
             least = min_tensor_parallel(GPUS[gpu], profile, profile.max_model_len)
         except ValueError:
             continue
-        for tp in sorted(t for t in (sheet.tensor_parallel or [least]) if t >= least):
-            for engine in sheet.engines:
-                for stack in sheet.stacks:
-                    cfg = EmulatorConfig(engine=engine, gpu=gpu, served_models=[model],
-                                         stack=stack, tp=tp)
-                    found = (measured or {}).get((gpu, engine, tp))
-                    cap = found if found is not None else replica_capacity(cfg, mix, seed)
-                    if cap.rate_per_s > 0:
-                        rows.append(Candidate(gpu, engine, stack, tp, sheet.price(gpu), cap))
+        keys += [(gpu, engine, stack, tp)
+                 for tp in sorted(t for t in (sheet.tensor_parallel or [least]) if t >= least)
+                 for engine in sheet.engines for stack in sheet.stacks]
+    known = measured or {}
+    search = [k for k in keys if (k[0], k[1], k[3]) not in known]
+    calls = [(EmulatorConfig.model_validate({"engine": engine, "gpu": gpu, "stack": stack,
+                                             "served_models": [model], "tp": tp}),
+              mix, seed, TARGET, 1.0) for gpu, engine, stack, tp in search]
+    searched = dict(zip(search, replica_capacities(calls, runner), strict=True))
+    rows = []
+    for gpu, engine, stack, tp in keys:
+        cap = known.get((gpu, engine, tp)) or searched[gpu, engine, stack, tp]
+        if cap.rate_per_s > 0:
+            rows.append(Candidate(gpu, engine, stack, tp, sheet.price(gpu), cap))
     return rows

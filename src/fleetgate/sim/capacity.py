@@ -28,6 +28,8 @@ request: a policy's ``usd`` charges busy replica-time (``catalog.pricing``), so 
 bound divides the tokens/s by it (tokens per *busy* second).
 
 Results are memoised in-process per (engine config, workload mix, SLO, target).
+``replica_capacities`` measures several at once as tasks of a ``parallel.Runner`` (one
+process per search; the plan's rows, the simulator's pools) and memoises what comes back.
 
 May touch: numpy, the replica driver, the emulator's perf model. Must not touch: routing.
 """
@@ -35,7 +37,7 @@ May touch: numpy, the replica driver, the emulator's perf model. Must not touch:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,6 +45,7 @@ import numpy.typing as npt
 
 from fleetgate.emulator.config import EmulatorConfig
 from fleetgate.emulator.perfmodel import EngineSim
+from fleetgate.sim.parallel import Runner
 from fleetgate.sim.prefixes import block_hashes
 from fleetgate.sim.replica import SimReplica
 
@@ -170,7 +173,7 @@ _MEMO: dict[tuple[object, ...], Capacity] = {}
 def replica_capacity(engine: EmulatorConfig, mix: Mix, seed: int = 0, target: float = TARGET,
                      speed: float = 1.0) -> Capacity:
     """The largest rate (requests/s) one replica sustains with >= ``target`` in the SLO."""
-    memo_key = (engine.model_dump_json(), speed, mix, seed, target)
+    memo_key = _memo_key(engine, mix, seed, target, speed)
     found = _MEMO.get(memo_key)
     if found is not None:
         return found
@@ -195,6 +198,30 @@ def replica_capacity(engine: EmulatorConfig, mix: Mix, seed: int = 0, target: fl
                    lo_probe.busy_share if lo > 0 else 1.0)
     _MEMO[memo_key] = cap
     return cap
+
+
+def _memo_key(engine: EmulatorConfig, mix: Mix, seed: int, target: float,
+              speed: float) -> tuple[object, ...]:
+    return (engine.model_dump_json(), speed, mix, seed, target)
+
+
+CapacityCall = tuple[EmulatorConfig, Mix, int, float, float]  # engine, mix, seed, target, speed
+
+
+def replica_capacities(calls: Sequence[CapacityCall],
+                       runner: Runner | None = None) -> list[Capacity]:
+    """``replica_capacity(*call)`` for each call, in order: the ones not memoised here are
+    searched as ``runner``'s tasks (in parallel; here, one by one, without one), each
+    distinct one once, and memoised here."""
+    keys = [_memo_key(*call) for call in calls]
+    todo = {key: call for key, call in zip(keys, calls, strict=True) if key not in _MEMO}
+    if runner is None:
+        found = [replica_capacity(*call) for call in todo.values()]
+    else:
+        found = runner.map(lambda c: f"capacity of {c[0].engine}/{c[0].gpu} tp{c[0].tp}",
+                           replica_capacity, todo.values())
+    _MEMO.update(zip(todo, found, strict=True))
+    return [_MEMO[key] for key in keys]
 
 
 def sample_mix(prompts: npt.NDArray[np.int64], outputs: npt.NDArray[np.int64], ttft_s: float,

@@ -2,8 +2,10 @@
 ``fleetgate/cli.py``, one line each: ``app.command()(simulate)``, ``app.command()(plan)``).
 
 Thin: parse options, call ``run.simulate`` / ``plan.plan``, print the rich tables, write the
-JSON (byte-identical for one seed), the PNG and the planned fleet file. Wall-clock time per
-step goes to stderr, never into the JSON. Exit 1 with a one-line reason on a bad file.
+JSON (byte-identical for one seed, whatever ``--jobs`` is), the PNG and the planned fleet
+file. ``--jobs`` (default: every core) runs independent simulations in parallel processes
+(``parallel.Runner``); their progress and the wall-clock time go to stderr, never into the
+JSON or stdout. Exit 1 with a one-line reason on a bad file.
 
 The heavy imports (router, scipy, matplotlib) happen inside the commands, so registering them
 costs the ``fleetgate`` app nothing at start-up.
@@ -27,18 +29,15 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(1)
 
 
-class _Timer:
-    """Prints how long each step took to stderr (never part of the JSON)."""
+def _jobs(jobs: int | None) -> int:
+    from fleetgate.sim.parallel import default_jobs
 
-    def __init__(self) -> None:
-        self.step: str | None = None
-        self.t0 = time.perf_counter()
+    if jobs is not None and jobs < 1:
+        raise _fail("--jobs must be at least 1")
+    return jobs or default_jobs()
 
-    def __call__(self, step: str) -> None:
-        now = time.perf_counter()
-        if self.step is not None:
-            typer.echo(f"  {self.step}: {now - self.t0:.1f} s", err=True)
-        self.step, self.t0 = step, now
+
+_JOBS_HELP = "parallel simulations (processes; default: every core)"
 
 
 def simulate(
@@ -49,11 +48,13 @@ def simulate(
     seed: Annotated[int, typer.Option(help="random seed: the same seed gives the same JSON")] = 1,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write the report as JSON")] = None,  # noqa: E501, UP045
     plot: Annotated[Optional[Path], typer.Option(help="write plots to this PNG")] = None,  # noqa: UP045
+    jobs: Annotated[Optional[int], typer.Option(help=_JOBS_HELP)] = None,  # noqa: UP045
 ) -> None:
     """Replay a workload through the real router over simulated replicas in virtual time."""
     from fleetgate.config.loader import ConfigError, load_config
     from fleetgate.routing import PolicyError
     from fleetgate.sim.fleet import FleetError
+    from fleetgate.sim.parallel import Runner
     from fleetgate.sim.report import print_tables, simulate_tables
     from fleetgate.sim.run import dumps
     from fleetgate.sim.run import simulate as run_simulation
@@ -62,10 +63,13 @@ def simulate(
     try:
         fleet, work = load_config(config), load_workload(workload)
         names = [p.strip() for p in policies.split(",") if p.strip()] if policies else None
-        typer.echo("simulating (wall time per step):", err=True)
-        report = run_simulation(fleet, work, names, duration, seed, progress=_Timer())
+        t0 = time.perf_counter()
+        with Runner(_jobs(jobs), "simulate") as runner:
+            report = run_simulation(fleet, work, names, duration, seed, runner)
     except (ConfigError, WorkloadError, FleetError, PolicyError, ValueError, OSError) as exc:
         raise _fail(str(exc)) from None
+    typer.echo(f"simulated in {time.perf_counter() - t0:.1f} s (wall, {runner.jobs} jobs)",
+               err=True)
     result = report.as_json()
     print_tables(simulate_tables(result))
     if json_out is not None:
@@ -85,12 +89,14 @@ def plan(
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write the plan as JSON")] = None,  # noqa: E501, UP045
     out: Annotated[Optional[Path], typer.Option(help="write the planned fleet as a config file")] = None,  # noqa: E501, UP045
     capacities: Annotated[Optional[Path], typer.Option(help="measured per-replica capacities: a `fleetgate bench sweep --json` file")] = None,  # noqa: E501, UP045
+    jobs: Annotated[Optional[int], typer.Option(help=_JOBS_HELP)] = None,  # noqa: UP045
 ) -> None:
     """The cheapest fleet that meets the workload's SLO (integer program + simulation)."""
     import yaml
 
     from fleetgate.sim.candidates import load_capacities, load_prices
     from fleetgate.sim.fleet import FleetError
+    from fleetgate.sim.parallel import Runner
     from fleetgate.sim.plan import plan as make_plan
     from fleetgate.sim.report import plan_tables, print_tables
     from fleetgate.sim.run import dumps
@@ -101,10 +107,13 @@ def plan(
         wanted = [g.strip() for g in gpus.split(",") if g.strip()]
         t0 = time.perf_counter()
         measured = load_capacities(capacities) if capacities is not None else None
-        result = make_plan(work, sheet, wanted, seed, duration, measured=measured)
+        with Runner(_jobs(jobs), "plan") as runner:
+            result = make_plan(work, sheet, wanted, seed, duration, measured=measured,
+                               runner=runner)
     except (WorkloadError, FleetError, ValueError, OSError) as exc:
         raise _fail(str(exc)) from None
-    typer.echo(f"planned in {time.perf_counter() - t0:.1f} s (wall)", err=True)
+    typer.echo(f"planned in {time.perf_counter() - t0:.1f} s (wall, {runner.jobs} jobs)",
+               err=True)
     fleet_file = result.pop("fleet_config")
     print_tables(plan_tables(result))
     if json_out is not None:

@@ -7,7 +7,9 @@ the same ids, priors, prices and columns. Each endpoint's engine is the emulator
 (``EmulatorConfig.build_sim``) with what its source says: ``emulated://ENGINE/GPU?profile=
 &stack=&tp=&speed=``; an ``http://`` endpoint of a vLLM or SGLang pool is simulated as that
 engine on the pool's accelerator with the defaults (TP = ``gpus_per_replica``, stock stack).
-Pools of other engines (``openai``) or on ``cpu`` have no performance model: an error.
+Pools of other engines (``openai``) or on ``cpu`` have no performance model: an error,
+except a hosted API priced per token (``price_per_mtok``), simulated as a fixed latency
+distribution up to its cap (``hosted.py``).
 
 A pool with ``autoscale`` gets ``max_replicas`` slots (the configured endpoints first, then
 copies of its first source told apart by a ``#slotN`` fragment); the autoscaler decides
@@ -29,8 +31,9 @@ from fleetgate.config.schema import AutoscaleConfig, FleetConfig, PoolConfig
 from fleetgate.emulator.config import EmulatorConfig
 from fleetgate.emulator.perfmodel import EngineSim
 from fleetgate.routing import Endpoint
+from fleetgate.sim.hosted import HostedReplica
 from fleetgate.sim.replica import SimReplica
-from fleetgate.state.fleet import endpoints_of, live_fleet
+from fleetgate.state.fleet import endpoints_of, initial_replicas, live_fleet, with_slots
 from fleetgate.state.live import LiveFleet
 
 STALE_AFTER_S = 10.0  # the gateway's default (Settings), so staleness behaves the same
@@ -46,8 +49,9 @@ class SimPool:
     slots: tuple[int, ...]  # endpoint indices of this pool
     initial: int  # replicas that exist at t=0 (the first ``initial`` slots)
     autoscale: AutoscaleConfig | None
-    usd_per_s: float  # one replica
+    usd_per_s: float  # one replica (0 for a hosted API: it is paid per token)
     gpus_per_replica: int
+    per_token: bool = False  # a hosted API priced per token
 
 
 @dataclass
@@ -55,7 +59,7 @@ class SimFleet:
     config: FleetConfig
     endpoints: list[Endpoint]
     live: LiveFleet
-    replicas: list[SimReplica]
+    replicas: list[SimReplica | HostedReplica]
     pools: list[SimPool]
     pool_of: npt.NDArray[np.int64]  # endpoint index -> pool index
 
@@ -63,39 +67,31 @@ class SimFleet:
 def build_fleet(config: FleetConfig, stale_after_s: float = STALE_AFTER_S) -> SimFleet:
     """A fresh fleet (new live state, idle engines): one per simulated policy."""
     endpoints: list[Endpoint] = []
-    replicas: list[SimReplica] = []
+    replicas: list[SimReplica | HostedReplica] = []
     pools: list[SimPool] = []
     pool_of: list[int] = []
     for p, pool in enumerate(config.pools):
-        eps = endpoints_of(_with_slots(pool))
+        try:
+            eps = endpoints_of(with_slots(pool))
+        except ValueError as exc:
+            raise FleetError(str(exc)) from None
         factories: dict[str, Callable[[], EngineSim]] = {}
-        for ep in eps:
+        for ep in eps if not pool.per_token else ():
             base = ep.source.split("#", 1)[0]
             if base not in factories:
                 factories[base] = engine_factory(pool, base)
             replicas.append(SimReplica(factories[base], source_speed(base)))
+        if pool.per_token:
+            replicas += [HostedReplica(ep) for ep in eps]
         first = len(endpoints)
         endpoints += eps
         pool_of += [p] * len(eps)
-        initial = len(pool.endpoints)
-        if pool.autoscale is not None:
-            initial = min(max(initial, pool.autoscale.min_replicas), pool.autoscale.max_replicas)
-        pools.append(SimPool(pool.name, tuple(range(first, len(endpoints))), initial,
-                             pool.autoscale, eps[0].usd_per_s, pool.gpus_per_replica))
+        pools.append(SimPool(pool.name, tuple(range(first, len(endpoints))),
+                             initial_replicas(pool),
+                             pool.autoscale, eps[0].usd_per_s, pool.gpus_per_replica,
+                             pool.per_token))
     live = live_fleet(endpoints, stale_after_s)
     return SimFleet(config, endpoints, live, replicas, pools, np.array(pool_of, dtype=np.int64))
-
-
-def _with_slots(pool: PoolConfig) -> PoolConfig:
-    scale = pool.autoscale
-    if scale is None:
-        return pool
-    if len(pool.endpoints) > scale.max_replicas:
-        raise FleetError(f"pool {pool.name}: {len(pool.endpoints)} endpoints but "
-                         f"autoscale.max_replicas is {scale.max_replicas}")
-    extra = [f"{pool.endpoints[0].split('#', 1)[0]}#slot{k}"
-             for k in range(len(pool.endpoints), scale.max_replicas)]
-    return pool.model_copy(update={"endpoints": [*pool.endpoints, *extra]})
 
 
 def engine_factory(pool: PoolConfig, source: str) -> Callable[[], EngineSim]:
@@ -116,7 +112,11 @@ def emulator_config(pool: PoolConfig, source: str) -> EmulatorConfig:
             "engine": engine, "gpu": pool.accelerator,
             "served_models": sorted(set(pool.models.values())), "profile": query.get("profile"),
             "stack": query.get("stack", "stock"), "tp": int(query.get("tp", pool.gpus_per_replica)),
-            "max_model_len": pool.max_model_len})
+            "max_model_len": pool.max_model_len,
+            # LoRA: the batch's cap on distinct adapters (vLLM --max-loras) is the pool's
+            # max_adapters; the perf model charges each adapter in a step
+            "enable_lora": bool(pool.adapters),
+            "max_loras": pool.max_adapters if pool.adapters else None})
     except ValueError as exc:
         raise FleetError(f"pool {pool.name}: {exc}") from None
     return cfg

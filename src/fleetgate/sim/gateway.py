@@ -18,19 +18,31 @@ Mirrors ``gateway/proxy/service.py`` (ProxyService) and ``gateway/proxy/attempt.
    request fails (the live gateway ends the stream with an error event);
 4. first token: ``on_first_token(ttft, sample)`` (streamed; a non-streamed answer reports
    ``None`` at the end and TPOT is measured from the predicted TTFT, as live);
+LoRA adapters (``requests.adapters`` in the workload): the same router sends a request
+naming an adapter only where it is loaded, else to the cheapest endpoint with room, which
+loads it first, as the live gateway's ``state/adapters.py`` does: the live state's adapter
+table is marked at once (requests routed meanwhile follow it and wait for the same load),
+the load takes ``ADAPTER_LOAD_S`` of virtual time, and the request joins the engine when it
+is done (its TTFT includes the wait); the engine's perf model charges each adapter in a
+step and holds a batch to ``max_loras`` adapters.
+
 5. finish: ``on_finish`` with the measured TPOT and the sample, and the ledger's charge
-   (``catalog.pricing``: replica $/s x e2e / mean in-flight at start and end).
+   (``catalog.pricing``: replica $/s x e2e / mean in-flight at start and end; on a hosted
+   API priced per token, its prompt and output tokens at the pool's prices, and a hosted
+   API at its cap refuses as a provider's 429 does: the next candidate is tried).
 
 May touch: routing, state.live, the replicas, outcomes. Must not touch: wall clocks, I/O.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from fleetgate.catalog.pricing import charge_usd, replica_seconds
 from fleetgate.routing import Decision, Router, RoutingRequest
 from fleetgate.sim.arrivals import PRIORITIES, RequestSet
+from fleetgate.sim.hosted import HostedReplica
 from fleetgate.sim.outcomes import BAD_REQUEST, FAILED, NO_CAPACITY, OK, SHED, Outcomes
 from fleetgate.sim.prefixes import SimPrefixes
 from fleetgate.sim.replica import SimReplica
@@ -39,6 +51,9 @@ from fleetgate.state.learning import NO_SAMPLE, Sample
 from fleetgate.state.live import LiveFleet
 
 CHARS_PER_TOKEN = 4  # RoutingRequest.prompt_tokens_estimate = chars // 4 + 8
+# Loading a LoRA adapter into an engine (reading a small adapter from local disk into GPU
+# memory: well under a second for rank 16 on an 8B model; an assumption, not a measurement)
+ADAPTER_LOAD_S = 0.5
 
 
 class Flight:
@@ -65,7 +80,8 @@ CallAt = Callable[[float, Callable[[float], None]], None]
 
 class SimGateway:
     def __init__(self, requests: RequestSet, router: Router, live: LiveFleet,
-                 replicas: list[SimReplica], max_attempts: dict[str, int], policy: str,
+                 replicas: list[SimReplica | HostedReplica], max_attempts: dict[str, int],
+                 policy: str,
                  reschedule: Reschedule, call_at: CallAt) -> None:
         self.req, self.router, self.live, self.replicas = requests, router, live, replicas
         self.out = Outcomes.empty(len(requests))
@@ -73,10 +89,13 @@ class SimGateway:
         self._call_at = call_at
         self.queue: AdmissionQueue[int] = AdmissionQueue()  # one model per simulated fleet
         self._usd_per_s = [ep.usd_per_s for ep in live.endpoints]
+        self._token_price = [ep.hosted.price if ep.hosted else None for ep in live.endpoints]
         self._gpus = [ep.gpus_per_replica for ep in live.endpoints]
         self.flights: dict[int, Flight] = {}
         self.on_endpoint: list[set[int]] = [set() for _ in live.endpoints]
         self.prefixes = SimPrefixes(requests)  # prompt hashes: router chunks, engine blocks
+        self._adapter_loading: dict[tuple[int, str], float] = {}  # (endpoint, name) -> ready
+        self.adapter_loads = 0
 
     def _routing_request(self, r: int) -> RoutingRequest:
         req = self.req
@@ -154,16 +173,60 @@ class SimGateway:
                 live.on_refused(i, now, "connect refused (relay)")
                 live.on_failure(i, now)
                 continue
+            if replica.full:  # a hosted API over its cap: 429 before the first byte
+                live.on_failure(i, now, counts_against_engine=False)
+                continue
             prompt, output = int(self.req.prompt_tokens[r]), int(self.req.output_tokens[r])
             if prompt + output > replica.kv_capacity_tokens:  # the engine answers 400
                 live.on_failure(i, now, counts_against_engine=False)
                 self._end(r, BAD_REQUEST, now, i)
                 return
             self.on_endpoint[i].add(r)
-            if replica.add(str(r), prompt, output, now, self.prefixes.engine_blocks(r)):
+            adapter = flight.decision.adapter
+            if adapter is not None and not live.adapters.holds(i, adapter):
+                ready, number = self._load_adapter(i, adapter, now), flight.next
+                self._call_at(ready, functools.partial(self._start_after_load, flight, number, i))
+                return
+            if adapter is not None:
+                live.adapters.touch(i, adapter, now)
+            if replica.add(str(r), prompt, output, now, self.prefixes.engine_blocks(r),
+                           adapter):
                 self._reschedule(i)
             return
         self._end(r, FAILED, now, flight.i)
+
+    def _load_adapter(self, i: int, name: str, now: float) -> float:
+        """When ``name`` is loaded on endpoint ``i``: the load under way, or one started now
+        (one per endpoint and adapter, as the live gateway's single flight)."""
+        key = (i, name)
+        ready = self._adapter_loading.get(key)
+        if ready is None:
+            self.live.adapters.start_load(i, name)  # at the limit, its LRU adapter goes
+            ready = self._adapter_loading[key] = now + ADAPTER_LOAD_S
+            self.adapter_loads += 1
+
+            def loaded(t: float) -> None:
+                self._adapter_loading.pop(key, None)
+                self.live.adapters.finish_load(i, name, self.replicas[i].up, t)
+
+            self._call_at(ready, loaded)
+        return ready
+
+    def _start_after_load(self, flight: Flight, number: int, i: int, now: float) -> None:
+        """The adapter is loaded: the request joins the engine (unless it moved on: the
+        replica died meanwhile and it was retried elsewhere)."""
+        r = flight.r
+        if self.flights.get(r) is not flight or flight.next != number or flight.i != i:
+            return
+        replica = self.replicas[i]
+        if not replica.up:
+            self.on_endpoint[i].discard(r)
+            self.live.on_failure(i, now)
+            self._try_next(flight, now)
+            return
+        if replica.add(str(r), int(self.req.prompt_tokens[r]), int(self.req.output_tokens[r]),
+                       now, self.prefixes.engine_blocks(r), flight.decision.adapter):
+            self._reschedule(i)
 
     # -- engine events -------------------------------------------------------------------
     def first_token(self, r: int, now: float) -> None:
@@ -211,8 +274,14 @@ class SimGateway:
 
     # -- bookkeeping ---------------------------------------------------------------------
     def _charge(self, r: int, i: int, e2e_s: float, concurrency: float, ok: bool) -> None:
-        usd = charge_usd(self._usd_per_s[i], e2e_s, concurrency)
-        seconds = replica_seconds(e2e_s, concurrency)
+        price = self._token_price[i]
+        if price is not None:  # a hosted API: its tokens, nothing for a lost request
+            usd = price.charge_usd(float(self.req.prompt_tokens[r]),
+                                   float(self.req.output_tokens[r])) if ok else 0.0
+            seconds = 0.0
+        else:
+            usd = charge_usd(self._usd_per_s[i], e2e_s, concurrency)
+            seconds = replica_seconds(e2e_s, concurrency)
         out = self.out
         out.usd[r] += usd
         out.replica_seconds[r] += seconds

@@ -29,8 +29,9 @@ from collections.abc import Callable
 from functools import partial
 
 from fleetgate.routing import build_router
+from fleetgate.scaling import DRAINING, OFF, READY, STARTING, TICK_S
 from fleetgate.sim.arrivals import RequestSet
-from fleetgate.sim.autoscale import DRAINING, OFF, ON, STARTING, TICK_S, Autoscaler
+from fleetgate.sim.autoscale import Autoscaler
 from fleetgate.sim.fleet import SimFleet
 from fleetgate.sim.gateway import SimGateway
 from fleetgate.sim.outcomes import Outcomes
@@ -43,8 +44,7 @@ _REPLICA, _SCRAPE, _CALL = 0, 1, 2
 
 class Simulation:
     def __init__(self, fleet: SimFleet, requests: RequestSet, policy: str, seed: int,
-                 duration_s: float, faults: list[Fault] | None = None,
-                 capacity: dict[str, float] | None = None) -> None:
+                 duration_s: float, faults: list[Fault] | None = None) -> None:
         self.fleet, self.duration = fleet, duration_s
         self.requests = requests.until(duration_s)
         router = build_router(fleet.config, seed)
@@ -55,16 +55,16 @@ class Simulation:
         self._calls: dict[int, Callable[[float], None]] = {}
         self._seq = itertools.count()
         self._version = [0] * len(fleet.replicas)
-        self.scaler = Autoscaler(fleet.pools, capacity or {})
+        self.scaler = Autoscaler(fleet)
         self._since = {i: 0.0 for i, s in self.scaler.state.items() if s != OFF}
         self._provisioned: list[tuple[int, float, float]] = []
         for i, s in self.scaler.state.items():
             if s == OFF:  # a slot with no replica yet: never a candidate, not even pending
-                for _ in range(2):
-                    fleet.live.on_probe(i, 0.0, False, "not provisioned")
+                fleet.live.park(i, True)
+                fleet.live.on_probe(i, 0.0, False, "not provisioned")
         for fault in faults or []:
             self._schedule_fault(fault)
-        if self.scaler.scalers:
+        if self.scaler.managed:
             self._call_at(TICK_S, self._autoscale)
 
     # -- running -------------------------------------------------------------------------
@@ -132,26 +132,23 @@ class Simulation:
     def _scrape(self, now: float) -> None:
         live, state = self.fleet.live, self.scaler.state
         for i, replica in enumerate(self.fleet.replicas):
-            if not replica.up or state[i] != ON:
+            if not replica.up or state[i] not in (READY, DRAINING):
                 live.on_probe(i, now, False, "no answer")
                 continue
             live.on_probe(i, now, True, "ok")
+            if replica.hosted:  # engine: openai exports no /metrics: probed only
+                continue
             g = replica.gauges(now)
             live.on_scrape(i, now, g.waiting, g.running, g.kv_usage,
                            g.generation_tokens_total, None)
         live.tick(now)
-        for sc in self.scaler.scalers:
-            load = 0.0
-            for i in self.scaler.live_slots(sc):
-                g = self.fleet.replicas[i].gauges(now)
-                load += g.running + g.waiting
-            sc.record(now, load)
         self._finish_drains(now)
 
     # -- autoscaling ---------------------------------------------------------------------
     def _autoscale(self, now: float) -> None:
         live = self.fleet.live
-        for action in self.scaler.tick(now):
+        waiting = {model: float(len(self.gw.queue)) for model in self.requests.models}
+        for action in self.scaler.tick(self.fleet, now, waiting):
             i = action.endpoint
             if action.kind == "start":
                 self.scaler.state[i] = STARTING
@@ -159,18 +156,18 @@ class Simulation:
                 spec = next(p.autoscale for p in self.fleet.pools if i in p.slots)
                 assert spec is not None
                 self._call_at(now + spec.cold_start_s, partial(self._ready, i))
-            else:
+            else:  # deregistered: no new traffic (a starting one never had any)
                 self.scaler.state[i] = DRAINING
-                for _ in range(2):  # deregistered: no traffic from now on
-                    live.on_probe(i, now, False, "deregistered")
+                live.park(i, True)
         self._finish_drains(now)
         if now + TICK_S <= self.duration:
             self._call_at(now + TICK_S, self._autoscale)
 
     def _ready(self, i: int, now: float) -> None:
         if self.scaler.state[i] == STARTING:
-            self.scaler.state[i] = ON
+            self.scaler.state[i] = READY
             self.fleet.live.on_probe(i, now, True, "registered")
+            self.fleet.live.park(i, False)
 
     def _finish_drains(self, now: float) -> None:
         for i, s in self.scaler.state.items():

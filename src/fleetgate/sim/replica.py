@@ -53,6 +53,9 @@ class SimReplica:
         "up",
     )
 
+    hosted = False  # an engine we run (sim/hosted.py: someone else's API)
+    full = False  # it queues whatever it is sent
+
     def __init__(self, factory: Callable[[], EngineSim], speed: float = 1.0) -> None:
         self._factory = factory
         self.engine = factory()
@@ -74,10 +77,11 @@ class SimReplica:
         return self.engine.kv_capacity_tokens
 
     def add(self, key: str, prompt_tokens: int, max_tokens: int, now: float,
-            block_hashes: tuple[int, ...] = ()) -> bool:
-        """Queue a request at ``now`` (``block_hashes``: its prompt's prefix-cache blocks);
-        True when ``next_time`` changed (reschedule it)."""
-        self.engine.add(key, prompt_tokens, max_tokens, block_hashes)
+            block_hashes: tuple[int, ...] = (), adapter: str | None = None) -> bool:
+        """Queue a request at ``now`` (``block_hashes``: its prompt's prefix-cache blocks;
+        ``adapter``: the LoRA adapter it runs with); True when ``next_time`` changed
+        (reschedule it)."""
+        self.engine.add(key, prompt_tokens, max_tokens, block_hashes, adapter)
         return self._interrupt(now)
 
     def advance(self) -> list[TokenEvent]:

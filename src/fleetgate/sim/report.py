@@ -58,7 +58,14 @@ def _shares(report: dict[str, Any]) -> Table:
 
 
 def plan_tables(result: dict[str, Any]) -> list[Table]:
-    fleets = Table(title=f"fleetgate plan: {result['model']} at {result['demand_rps']} req/s")
+    ip = result.get("ip_optimum_usd_per_hour")
+    caption = [f"the plan runs the {result.get('policy', 'cost')} policy"]
+    if ip is not None:
+        caption.append(f"the integer program's optimum at the demand: ${ip}/hour "
+                       f"({_num(result.get('vs_ip_optimum'), '{:.2f}')}x)")
+    caption += [f"miss: {m}" for m in result.get("misses", [])]
+    fleets = Table(title=f"fleetgate plan: {result['model']} at {result['demand_rps']} req/s",
+                   caption="; ".join(caption))
     for col in ("fleet", "replicas", "$/hour", "SLO met: cost", "least_loaded",
                 "$/Mtok: cost", "least_loaded "):
         fleets.add_column(col, justify="left" if col in ("fleet", "replicas") else "right")
@@ -74,11 +81,14 @@ def plan_tables(result: dict[str, Any]) -> list[Table]:
                        _num(other.get("slo_attainment"), "{:.2%}"),
                        _num(sim.get("usd_per_mtok"), "{:,.3f}"),
                        _num(other.get("usd_per_mtok"), "{:,.3f}"))
-    even = Table(title="break-even $/GPU-hour (enters the plan below it / leaves above it)")
+    even = Table(title="break-even $/GPU-hour: the price at which a GPU type enters or leaves "
+                       "the integer program's solution")
     even.add_column("GPU")
     even.add_column("break-even", justify="right")
+    even.add_column("direction")
+    directions = result.get("break_even_direction", {})
     for gpu, price in result["break_even"].items():
-        even.add_row(gpu, _num(price))
+        even.add_row(gpu, _num(price), str(directions.get(gpu) or "-"))
     return [fleets, even]
 
 

@@ -2,9 +2,13 @@
 
 For each policy: a fresh fleet (idle engines, live state at its priors, breakers closed), a
 router built with the run's seed, the same requests (drawn once from the seed, or read from
-a trace), the same faults; then ``summary.summarize``. Beside the policies, the lower bound
-(``bound.py``) from each pool's SLO capacity on this workload (``capacity.py``), which the
-autoscaler also uses as a replica's capacity.
+a trace), the same faults; then ``summary.summarize``. Policies share nothing, so each is
+one task of a ``parallel.Runner`` (``--jobs``: one process per policy) and the report is
+the same bytes whatever the number of processes. Beside the policies, the lower bound
+(``bound.py``) from each pool's SLO capacity on this workload (``capacity.py``): the
+self-hosted pools' (a hosted API priced per token is left out of the bound: it is what
+the self-hosted fleet could not carry, at someone else's price). Autoscaled
+pools are scaled by ``fleetgate.scaling`` on the router's own (learned) SLO capacity.
 
 The result is the ``simulate --json`` object of DESIGN.md §1 (extra keys: per-pool rows,
 percentiles of e2e, counts of failed and shed requests, the capacities used). It holds no
@@ -16,19 +20,22 @@ May touch: everything in ``sim``, config loading. Must not touch: the gateway, w
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import orjson
 
 from fleetgate.config.schema import FleetConfig
 from fleetgate.sim.arrivals import DEFAULT_DURATION_S, RequestSet, generate
-from fleetgate.sim.bound import PoolCapacity, lower_bound
-from fleetgate.sim.capacity import TARGET, Capacity, Mix, replica_capacity, sample_mix
+from fleetgate.sim.bound import BIN_S, PoolCapacity, lower_bound, provisioned_bound
+from fleetgate.sim.capacity import TARGET, Capacity, Mix, replica_capacities, sample_mix
 from fleetgate.sim.fleet import SimFleet, build_fleet, emulator_config, source_speed
 from fleetgate.sim.loop import Simulation
 from fleetgate.sim.outcomes import Outcomes
+from fleetgate.sim.parallel import Runner
 from fleetgate.sim.summary import sig, summarize
 from fleetgate.sim.trace import read_trace
 from fleetgate.sim.workload import Workload
@@ -91,49 +98,66 @@ def workload_mix(workload: Workload, requests: RequestSet) -> Mix:
                       groups=requests.prefix_group, prefix_tokens=requests.prefix_tokens)
 
 
-def pool_capacities(config: FleetConfig, mix: Mix, seed: int,
-                    target: float = TARGET) -> dict[str, Capacity]:
-    out = {}
-    for pool in config.pools:
+def pool_capacities(config: FleetConfig, mix: Mix, seed: int, target: float = TARGET,
+                    runner: Runner | None = None) -> dict[str, Capacity]:
+    """One replica's SLO capacity per pool (measured in ``runner``'s workers, if given)."""
+    calls = []
+    own = [pool for pool in config.pools if not pool.per_token]  # hosted APIs: no replicas
+    for pool in own:
         source = pool.endpoints[0].split("#", 1)[0]
-        out[pool.name] = replica_capacity(emulator_config(pool, source), mix, seed, target,
-                                          speed=source_speed(source))
-    return out
+        calls.append((emulator_config(pool, source), mix, seed, target, source_speed(source)))
+    caps = replica_capacities(calls, runner)
+    return {pool.name: cap for pool, cap in zip(own, caps, strict=True)}
+
+
+def policy_run(config: FleetConfig, workload: Workload, requests: RequestSet, policy: str,
+               seed: int, duration: float) -> tuple[Outcomes, dict[str, Any]]:
+    """One policy over a fresh fleet: its outcomes and its ``policies.NAME`` summary (a
+    runner's task: everything it needs comes in its arguments)."""
+    fleet = build_fleet(config)
+    sim = Simulation(fleet, requests, policy, seed, duration, workload.faults)
+    out = sim.run()
+    slo = workload.slo
+    return out, summarize(out, sim.requests, fleet, duration, slo.ttft_ms / 1000,
+                          slo.tpot_ms / 1000)
+
+
+def policy_summary(config: FleetConfig, workload: Workload, requests: RequestSet, policy: str,
+                   seed: int, duration: float) -> dict[str, Any]:
+    """``policy_run``'s summary alone (what the planner needs; nothing large to send back)."""
+    return policy_run(config, workload, requests, policy, seed, duration)[1]
 
 
 def simulate(config: FleetConfig, workload: Workload, policies: list[str] | None = None,
              duration_s: float | None = None, seed: int = 1,
-             progress: Callable[[str], None] | None = None) -> Report:
-    """Every policy over the same requests (``progress`` is told each step's name)."""
+             runner: Runner | None = None) -> Report:
+    """Every policy over the same requests, each a task of ``runner`` (a started one; by
+    default one after the other in this process)."""
+    if runner is None:
+        with Runner(1, quiet=True) as own:
+            return simulate(config, workload, policies, duration_s, seed, own)
     names = policies or list(config.policies)
     unknown = [p for p in names if p not in config.policies]
     if unknown:
         raise ValueError(f"policies not in the fleet config: {', '.join(unknown)} "
                          f"(it has: {', '.join(config.policies)})")
     requests, duration = workload_requests(workload, seed, duration_s)
-    if progress:
-        progress("capacity")
     mix = workload_mix(workload, requests)
-    capacities = pool_capacities(config, mix, seed)
-    concurrency = {name: c.concurrency for name, c in capacities.items()}
+    futures = [runner.submit(name, policy_run, config, workload, requests, name, seed,
+                             duration) for name in names]
+    capacities = pool_capacities(config, mix, seed, runner=runner)
     runs = []
-    ttft, tpot = workload.slo.ttft_ms / 1000, workload.slo.tpot_ms / 1000
-    for name in names:
-        if progress:
-            progress(name)
-        fleet = build_fleet(config)
-        sim = Simulation(fleet, requests, name, seed, duration, workload.faults, concurrency)
-        out = sim.run()
-        runs.append(PolicyRun(name, fleet, out,
-                              summarize(out, sim.requests, fleet, duration, ttft, tpot)))
-    if progress:
-        progress("done")
+    for name, future in zip(names, futures, strict=True):
+        out, summary = future.result()
+        runs.append(PolicyRun(name, build_fleet(config), out, summary))
     judged = requests.until(duration)
     tokens = int(judged.output_tokens.sum())
     best = max(float(run.summary["slo_attainment"]) for run in runs) if runs else 0.0
-    return Report(seed, duration, judged, runs, capacities,
-                  bound_json(config, capacities, tokens, duration, best,
-                             lambda target: pool_capacities(config, mix, seed, target)))
+    bound = bound_json(config, capacities, tokens, duration, best,
+                       lambda target: pool_capacities(config, mix, seed, target))
+    if any(p.autoscale for p in config.pools):
+        bound.update(provisioned_json(config, capacities, judged, duration))
+    return Report(seed, duration, judged, runs, capacities, bound)
 
 
 FALLBACK_TARGETS = (0.9, 0.5)
@@ -178,4 +202,24 @@ def _pool_rows(config: FleetConfig, capacities: dict[str, Capacity]) -> list[Poo
     return [PoolCapacity(p.name, p.autoscale.max_replicas if p.autoscale else len(p.endpoints),
                          p.price_per_replica_hour / 3600.0,
                          capacities[p.name].tokens_per_busy_s)
-            for p in config.pools]
+            for p in config.pools if p.name in capacities]
+
+
+def provisioned_json(config: FleetConfig, capacities: dict[str, Capacity], judged: RequestSet,
+                     duration_s: float) -> dict[str, Any]:
+    """``lower_bound.provisioned_usd`` for a fleet that autoscales (``bound.provisioned_bound``:
+    floors paid and used first, the rest per minute on the cheapest capacity up to each
+    ceiling), a replica making its tokens/s at its SLO capacity for every second it exists."""
+    rows = [PoolCapacity(p.name, p.autoscale.max_replicas if p.autoscale else len(p.endpoints),
+                         p.price_per_replica_hour / 3600.0, capacities[p.name].tokens_per_s)
+            for p in config.pools if p.name in capacities]
+    floors = {p.name: p.autoscale.min_replicas if p.autoscale else len(p.endpoints)
+              for p in config.pools if p.name in capacities}
+    bins = max(1, math.ceil(duration_s / BIN_S))
+    per_bin = np.bincount(np.minimum((judged.arrival_s // BIN_S).astype(int), bins - 1),
+                          weights=judged.output_tokens, minlength=bins)
+    found = provisioned_bound(rows, floors, per_bin.tolist())
+    if found is None:
+        return {"provisioned_usd": None}
+    return {"provisioned_usd": sig(found.usd), "provisioned_floors_usd": sig(found.floors_usd),
+            "provisioned_replica_hours": {k: sig(v / 3600) for k, v in found.replica_s.items()}}

@@ -10,6 +10,11 @@ share:
 * ``provisioned_usd``: every replica that existed x the time it existed within the run
   (cold starts and draining included) x its $/s — what the bill *is*.
 
+A hosted API priced per token has no replicas: its requests are charged their tokens at
+its prices (in ``usd``; it adds nothing to ``provisioned_usd``, a bill for replicas), and
+its spend and share are also reported apart: ``hosted_usd``, ``hosted_share`` and, per
+pool, ``hosted: true``.
+
 Both per million output tokens (``*_per_mtok``). Floats are rounded to 6 significant digits
 so the JSON is short and the same run always prints the same bytes.
 
@@ -85,8 +90,20 @@ def summarize(out: Outcomes, requests: RequestSet, fleet: SimFleet, duration_s: 
         "throughput_tok_s": sig(tokens / duration_s),
         "ttft_ms": percentiles(out.ttft_s[ok]), "tpot_ms": percentiles(out.tpot_s[ok]),
         "e2e_ms": percentiles(out.e2e_s[ok]),
-        "pools": pool_rows(out, fleet, prov_by_pool, duration_s),
+        "pools": pool_rows(out, fleet, prov_by_pool, duration_s, ttft_s, tpot_s),
     }
+    if any(p.per_token for p in fleet.pools):
+        hosted = [p.name for p in fleet.pools if p.per_token]
+        rows = result["pools"]
+        result["hosted_usd"] = sig(sum(rows[name]["usd"] or 0.0 for name in hosted))
+        result["hosted_share"] = sig(sum(rows[name]["share"] or 0.0 for name in hosted))
+    if len(requests.models) > 1:  # LoRA adapters: each one's share and SLO, and the loads
+        result["adapters"] = {
+            name: {"requests": int((requests.model == m).sum()),
+                   "slo_attainment": sig(float(met[requests.model == m].mean()))
+                   if (requests.model == m).any() else None}
+            for m, name in enumerate(requests.models) if m}
+        result["adapter_loads"] = int(sum(fleet.live.adapters.loads.values()))
     if len(set(requests.priority.tolist())) > 1:
         result["priorities"] = {
             PRIORITIES[p]: {"requests": int((requests.priority == p).sum()),
@@ -112,19 +129,26 @@ def provisioned_usd(out: Outcomes, fleet: SimFleet, duration_s: float) -> dict[s
 def provisioned_gpu_hours(out: Outcomes, fleet: SimFleet, duration_s: float) -> float:
     total = 0.0
     for i, seconds in _clipped(out, duration_s):
-        total += seconds * fleet.pools[int(fleet.pool_of[i])].gpus_per_replica
+        pool = fleet.pools[int(fleet.pool_of[i])]
+        total += 0.0 if pool.per_token else seconds * pool.gpus_per_replica
     return total / 3600.0
 
 
-def pool_rows(out: Outcomes, fleet: SimFleet, prov: dict[str, float],
-              duration_s: float) -> dict[str, Any]:
+def pool_rows(out: Outcomes, fleet: SimFleet, prov: dict[str, float], duration_s: float,
+              ttft_s: float, tpot_s: float) -> dict[str, Any]:
+    """Per pool: its share of the answers, their SLO attainment and which limit the misses
+    broke (where a fleet's misses come from), its spend and replicas."""
     ok = out.status == OK
+    met = out.met_slo(ttft_s, tpot_s)
+    late_first = ok & (out.ttft_s > ttft_s)
+    slow = ok & ~np.isnan(out.tpot_s) & (out.tpot_s > tpot_s)
     done = int(ok.sum())
     ep_pool = fleet.pool_of
     final_pool = np.where(out.endpoint >= 0, ep_pool[np.maximum(out.endpoint, 0)], -1)
     replica_s = {p.name: 0.0 for p in fleet.pools}
     for i, seconds in _clipped(out, duration_s):
-        replica_s[fleet.pools[int(ep_pool[i])].name] += seconds
+        pool = fleet.pools[int(ep_pool[i])]
+        replica_s[pool.name] += 0.0 if pool.per_token else seconds  # no replicas of ours
     rows: dict[str, Any] = {}
     for p, pool in enumerate(fleet.pools):
         mine = ok & (final_pool == p)
@@ -133,12 +157,17 @@ def pool_rows(out: Outcomes, fleet: SimFleet, prov: dict[str, float],
         rows[pool.name] = {
             "share": sig(float(mine.sum()) / done if done else 0.0),
             "requests": int(mine.sum()),
+            "slo_attainment": sig(float(met[mine].mean())) if mine.any() else None,
+            "ttft_misses": int((late_first & mine).sum()),
+            "tpot_misses": int((slow & mine).sum()),
             "output_tokens": int(out.tokens[mine].sum()),
             "usd": sig(float(out.usd[final_pool == p].sum())),
             "provisioned_usd": sig(prov[pool.name]),
             "replicas_mean": sig(replica_s[pool.name] / duration_s),
             "k_ttft_max": sig(max(k_ttft)), "k_tpot_max": sig(max(k_tpot)),
         }
+        if pool.per_token:
+            rows[pool.name]["hosted"] = True
     return rows
 
 

@@ -104,6 +104,14 @@ class Prefix(_Strict):
     tokens: int = Field(ge=1)
 
 
+class AdapterShare(_Strict):
+    """A LoRA adapter of ``requests.model`` that a share of the requests name as their model
+    (the fleet's pools declare it: docs/lora.md)."""
+
+    name: str
+    share: float = Field(gt=0, le=1)
+
+
 class Requests(_Strict):
     model: str
     input_tokens: Lengths
@@ -111,6 +119,16 @@ class Requests(_Strict):
     stream: bool = True
     max_tokens: Literal["exact", "none"] | int = "exact"
     prefix: Prefix | None = None
+    adapters: list[AdapterShare] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _shares(self) -> Requests:
+        names = [a.name for a in self.adapters]
+        if len(set(names)) != len(names) or self.model in names:
+            raise ValueError("adapters: each adapter once, and not the base model")
+        if sum(a.share for a in self.adapters) > 1 + 1e-9:
+            raise ValueError("adapters: the shares add up to more than 1")
+        return self
 
 
 class Tenant(_Strict):

@@ -1,14 +1,30 @@
 """The collector: probes health and scrapes ``/metrics`` of every endpoint, in the background.
 
-One ``tick()`` probes and scrapes all endpoints concurrently (per endpoint: the probe, then
-the scrape if the probe passed) with short timeouts and writes the results into
-``LiveFleet``; ``run(interval)`` ticks forever. Never on the request path:
-a slow or dead engine delays nothing but its own update. Tests call ``tick()`` directly with
-an injected clock instead of waiting for the loop.
+One ``tick()`` visits all endpoints concurrently with short timeouts and writes the results
+into ``LiveFleet``; ``run(interval)`` ticks forever. Never on the request path: a slow or
+dead engine delays nothing but its own update. Tests call ``tick()`` directly with an
+injected clock instead of waiting for the loop.
+
+What one visit costs is what a fleet of thousands of engines pays every second, so a visit
+does as little as it can (BENCHMARKS.md, "Collector at scale"):
+
+- **The scrape is the liveness check of a ready endpoint.** A ready endpoint is probed
+  every ``PROBE_EVERY``-th tick (staggered over the fleet) and scraped every tick; a scrape
+  that fails is followed by a probe at once, so an engine that dies is noticed in the same
+  tick as before. Endpoints that are not ready, and engines without metrics, are probed
+  every tick (and scraped only after a passing probe).
+- **Only the series the router reads are parsed.** The engines send their whole
+  exposition (63 KB for vLLM: its ``/metrics`` route is prometheus-fastapi-instrumentator's,
+  which ignores prometheus_client's ``?name[]=`` filter, as a real vLLM showed in
+  ``tests/engines``); the parser finds the few lines of the signals' names in it with one
+  regular expression and reads only those.
+- **The lean client.** Probes, scrapes and capacity reads go out on ``backends/http1.py``:
+  the control plane's one client (``backends/probes.py``; handed in, and closed by whoever
+  made it: the gateway's lifespan), one after the other on one kept-alive connection per
+  endpoint.
 
 A scrape that fails or does not parse leaves the previous load in place (it expires as
-stale after ``LiveFleet.stale_after_s``) and counts in ``scrape_errors``. Engines without a
-metrics endpoint (``openai``) are only probed.
+stale after ``LiveFleet.stale_after_s``) and counts in ``scrape_errors``.
 
 Capacity (KV tokens, batch cap, context: ``backends/capacity.py``) is read at the first
 successful contact, in the same tick and before the endpoint is marked ready, so the router
@@ -17,8 +33,8 @@ unreachable (a restart or reconnect) or its token counter went backwards (a rest
 two probes); and every ``CAPACITY_REFRESH_S`` in case. A read that finds nothing is retried
 after ``CAPACITY_RETRY_S``. A context the config sets for the pool stays the upper bound.
 
-May touch: aiohttp, backends (health probe, metrics parser), routing live state.
-Must not touch: HTTP routes, the router.
+May touch: numpy, backends (relay client, health probe, metrics parser), the
+scraping shard, routing live state. Must not touch: HTTP routes, the router.
 """
 
 from __future__ import annotations
@@ -28,72 +44,138 @@ import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 
-import aiohttp
+import numpy as np
 
 from fleetgate.backends.capacity import EngineCapacity, read_capacity
+from fleetgate.backends.http1 import Http1Backend
 from fleetgate.backends.metrics import (
     EngineLoad,
     MetricsParseError,
     parse_engine_metrics,
 )
-from fleetgate.backends.probes import probe
+from fleetgate.backends.probes import ProbeResult, probe
+from fleetgate.backends.relay import Timeouts, UpstreamError
 from fleetgate.routing import Endpoint
 from fleetgate.state.live import LiveFleet
+from fleetgate.state.shard import ScrapeShard
 
 log = logging.getLogger("fleetgate.collector")
 
 SCRAPE_TIMEOUT_S = 2.0
+PROBE_EVERY = 5  # ticks between probes of a ready endpoint whose scrapes answer
+MAX_SCRAPE_BYTES = 16 * 1024 * 1024
+VISITS_AT_ONCE = 256  # visits started together; more start in batches (``_visit``)
+SPREAD_S = 0.25  # at most this long to start a tick's batches
+_TIMEOUTS = Timeouts(connect=SCRAPE_TIMEOUT_S, read=SCRAPE_TIMEOUT_S, total=SCRAPE_TIMEOUT_S)
 CAPACITY_RETRY_S = 30.0
 CAPACITY_REFRESH_S = 600.0
 
 
 class Collector:
     def __init__(self, endpoints: Sequence[Endpoint], live: LiveFleet,
-                 http: aiohttp.ClientSession, clock: Callable[[], float],
+                 http: Http1Backend, clock: Callable[[], float],
                  before_tick: Callable[[], Awaitable[None]] | None = None) -> None:
         self._before_tick = before_tick  # the fleet's: restart dead emulated engines
         self._endpoints = list(endpoints)
         self._live = live
-        self._http = http
+        self._http = http  # the control plane's client: probes, scrapes, capacity reads
         self._clock = clock
         self.scrape_errors: Counter[str] = Counter()
         self.ticks = 0
         self.capacity: dict[str, EngineCapacity] = {}  # endpoint id -> its last report
         self._capacity_due = [0.0] * len(self._endpoints)  # clock time of the next read
+        self.shard: ScrapeShard | None = None  # set when replicas share the scraping
+        self.visits = 0  # endpoint visits (probe and/or scrape) this replica made
 
-    async def tick(self) -> None:
-        if self._before_tick is not None:
+    async def tick(self, full: bool = True) -> None:
+        """Visit the endpoints due (all of them, or this replica's share: ``state/shard.py``);
+        ``full=False`` is the half-interval step that only takes over a dead peer's."""
+        if full and self._before_tick is not None:
             await self._before_tick()
-        await asyncio.gather(*(self._one(i, ep) for i, ep in enumerate(self._endpoints)))
-        self._live.tick(self._clock())
-        self.ticks += 1
+        shard = self.shard
+        if shard is None:
+            due = list(range(len(self._endpoints))) if full else []
+        else:
+            await shard.pull()  # the peers' rows as of now: a takeover judged on fresh ones
+            due = np.flatnonzero(shard.due(self._clock(), full)).tolist()
+        await self._visit(due)
+        if shard is not None and due:
+            await shard.publish()
+        if full:
+            self._live.tick(self._clock())
+            self.ticks += 1
+
+    async def _visit(self, due: list[int]) -> None:
+        """Visit these endpoints, all at once up to ``VISITS_AT_ONCE``; past that, the
+        visits start in batches spread over ``SPREAD_S`` at most, so that a tick of
+        thousands never holds the event loop (requests, the replica sync) for its whole
+        length: at 10,000 endpoints one ``gather`` held it long enough for the replica's
+        share in the store to lapse (BENCHMARKS.md, "Collector at scale")."""
+        eps, tasks = self._endpoints, []
+        batches = range(0, len(due), VISITS_AT_ONCE)
+        pause = min(SPREAD_S / len(batches), 0.05) if len(batches) > 1 else 0.0
+        for start in batches:
+            if start:
+                await asyncio.sleep(pause)
+            tasks += [asyncio.ensure_future(self._one(i, eps[i]))
+                      for i in due[start:start + VISITS_AT_ONCE]]
+        await asyncio.gather(*tasks)
 
     async def run(self, interval_s: float) -> None:
+        """Ticks on fixed deadlines (a slow tick delays the next one, never the whole
+        schedule: a peer judges this replica's rows by their age), half-interval steps while
+        replicas share the scraping."""
+        loop = asyncio.get_running_loop()
+        step, due = 0, loop.time()
         while True:
-            await asyncio.sleep(interval_s)
+            period = interval_s / 2 if self.shard is not None else interval_s
+            due = max(due + period, loop.time())  # behind: go on from now, no catch-up burst
+            await asyncio.sleep(due - loop.time())
+            step += 1
             try:
-                await self.tick()
+                await self.tick(full=self.shard is None or step % 2 == 0)
             except Exception:  # a collector bug must not end collection
                 log.exception("collector tick failed")
+
+    def peer_capacity(self, i: int, capacity: EngineCapacity) -> None:
+        """What endpoint ``i`` reported to the replica that scraped it (``state/shard.py``):
+        this replica need not ask the engine itself until the next refresh."""
+        self.capacity[self._endpoints[i].id] = capacity
+        self._capacity_due[i] = max(self._capacity_due[i], self._clock() + CAPACITY_REFRESH_S)
 
     async def _one(self, i: int, ep: Endpoint) -> None:
         if not ep.url:
             return
-        # One after the other on one kept-alive connection (a socket per endpoint, not two);
-        # an engine that fails its probe is not scraped (no second timeout to wait for).
-        health = await probe(self._http, ep.url, ep.spec, SCRAPE_TIMEOUT_S)
-        load = await self._scrape(ep) if health.ok else None
+        self.visits += 1
+        # One after the other on one kept-alive connection (a socket per endpoint, not two).
+        ready = self._live.stats[i].health.state == "ready"
+        probed = (not ready or not ep.spec.metrics_path
+                  or (self.ticks + i) % PROBE_EVERY == 0)
+        health = await self._probe(ep) if probed else None
+        ok = health is None or health.ok
+        load = await self._scrape(ep, i) if ok else None
+        if load is None and health is None:  # the scrape failed: is the engine still up?
+            health = await self._probe(ep)
+            ok = health.ok
         capacity = None
-        if health.ok and self._clock() >= self._capacity_due[i]:
-            capacity = await read_capacity(self._http, ep.url, ep.spec, SCRAPE_TIMEOUT_S)
+        if ok and self._clock() >= self._capacity_due[i]:
+            capacity = await read_capacity(self._http, ep.url, ep.spec, SCRAPE_TIMEOUT_S,
+                                           ep.auth_headers)
         now = self._clock()
-        self._capacity_seen(i, ep, now, health.ok, load, capacity)
-        if self._live.on_probe(i, now, health.ok, health.detail):
+        self._capacity_seen(i, ep, now, ok, load, capacity)
+        if health is not None and self._live.on_probe(i, now, health.ok, health.detail):
             log.info("endpoint %s is %s (%s)", ep.id, self._live.stats[i].health.state,
                      health.detail)
         if load is not None:
             self._live.on_scrape(i, now, load.waiting, load.running, load.kv_usage,
                                  load.generation_tokens_total, load.gen_throughput)
+        if self.shard is not None:
+            health_now = self._live.stats[i].health
+            self.shard.visited(i, now, health_now.state, health_now.detail, load,
+                               self.capacity.get(ep.id))
+
+    async def _probe(self, ep: Endpoint) -> ProbeResult:
+        return await probe(self._http, ep.url, ep.spec, SCRAPE_TIMEOUT_S, ep.auth_headers)
 
     def _capacity_seen(self, i: int, ep: Endpoint, now: float, ok: bool,
                        load: EngineLoad | None, capacity: EngineCapacity | None) -> None:
@@ -119,18 +201,21 @@ class Collector:
             log.info("endpoint %s reports KV %s tokens, batch cap %s, context %s", ep.id,
                      capacity.kv_capacity_tokens, capacity.max_batch, context)
 
-    async def _scrape(self, ep: Endpoint) -> EngineLoad | None:
+    async def _scrape(self, ep: Endpoint, i: int) -> EngineLoad | None:
         if not ep.spec.metrics_path:
             return None
+        url = ep.url + ep.spec.metrics_path
+        headers = {"accept": "text/plain", **(ep.auth_headers or {})}
         try:
-            async with self._http.get(ep.url + str(ep.spec.metrics_path),
-                                      timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_S),
-                                      headers={"accept": "text/plain"}) as resp:
-                text = await resp.text()
-                if resp.status != 200:
-                    raise MetricsParseError(f"HTTP {resp.status}")
-            return parse_engine_metrics(text, ep.engine)
-        except (TimeoutError, aiohttp.ClientError, MetricsParseError) as exc:
+            resp = await self._http.get(url, headers, _TIMEOUTS)
+            body = await resp.read()
+            if resp.status != 200:
+                raise MetricsParseError(f"HTTP {resp.status}")
+            if len(body) > MAX_SCRAPE_BYTES:
+                raise MetricsParseError(f"{len(body)} bytes of metrics")
+            load = parse_engine_metrics(body.decode("utf-8", "replace"), ep.engine)
+        except (UpstreamError, MetricsParseError) as exc:
             self.scrape_errors[ep.id] += 1
             log.debug("scrape of %s failed: %s", ep.id, exc)
             return None
+        return load

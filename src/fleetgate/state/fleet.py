@@ -5,6 +5,13 @@ for ``emulated://`` endpoints (handed over to the next generation on reload when
 source is still configured), the ``LiveFleet`` state the router reads snapshots of, and the
 collector task. The clock is injected (``time.monotonic`` by default).
 
+An ``emulated://`` pool with ``autoscale:`` has ``max_replicas`` endpoints (*slots*,
+``with_slots``), each with its URL from the start (a free port chosen once), of which only
+the first ``initial_replicas`` run at start; the gateway's scaler (``gateway/autoscaler.py``)
+starts and stops the others' engines (``start_replica``, ``stop_replica``), and the live
+state keeps every slot that is not serving out of routing (``LiveFleet.park``). Under
+``serve --workers`` the supervisor runs every slot's engine (no process owns the scaling).
+
 ``endpoints_of`` turns a pool of the config into ``routing.Endpoint`` rows and ``live_fleet``
 builds their live state from the catalog priors: the simulator builds its fleet with the
 same two functions. The emulator package is imported only when an ``emulated://`` endpoint
@@ -18,20 +25,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, urlsplit
 
-import aiohttp
-
+from fleetgate.backends.adapters import served_adapter_name
+from fleetgate.backends.http1 import Http1Backend
 from fleetgate.catalog.models import UNKNOWN_MODEL_PROFILE, profile_for_served_name
+from fleetgate.catalog.pricing import TokenPrice
 from fleetgate.config.schema import FleetConfig, PoolConfig
 from fleetgate.routing import Endpoint, Snapshot
+from fleetgate.routing.types import Adapter, HostedTerms
+from fleetgate.state.adapters import ADAPTER_POLL_S, AdapterLoader, discover_adapters
 from fleetgate.state.collector import Collector
 from fleetgate.state.live import LiveFleet
-from fleetgate.state.prior import Prior, endpoint_prior
+from fleetgate.state.prior import Prior, endpoint_prior, hosted_prior
 
 if TYPE_CHECKING:
     from fleetgate.emulator import EmulatorHandle
@@ -42,28 +53,37 @@ Clock = Callable[[], float]
 
 
 class Fleet:
-    def __init__(self, config: FleetConfig, http: aiohttp.ClientSession, *,
+    def __init__(self, config: FleetConfig, http: Http1Backend, *,
                  interval_s: float = 1.0, stale_after_s: float = 10.0,
                  clock: Clock = time.monotonic,
                  shared_emulators: Mapping[str, str] | None = None) -> None:
         self.config = config
         self._shared_emulators = shared_emulators or {}  # key -> URL: run by the supervisor
         self.clock = clock
-        self._http = http
-        self._interval = interval_s
+        self._http = http  # the control plane's client (backends/probes.py); not ours to close
+        self.interval_s = interval_s
         self._stale_after = stale_after_s
         self.endpoints: list[Endpoint] = fleet_endpoints(config)
         self.emulators: dict[str, EmulatorHandle] = {}  # keyed by endpoint source + models
+        self._parked: dict[str, str] = {}  # slots not started at start, by key: their URL
         self.live: LiveFleet = self._build_live()
         self.collector: Collector | None = None
         self._task: asyncio.Task[None] | None = None
+        self.adapters: AdapterLoader | None = None  # LoRA loads (a fleet with adapters)
+        self._adapter_task: asyncio.Task[None] | None = None
 
     async def start(self, adopt: dict[str, EmulatorHandle] | None = None,
                     inherit: LiveFleet | None = None) -> None:
         """Start emulated engines (adopting running ones), take over what the previous
         generation's live state knew (``LiveFleet.inherit``), probe once, start collecting."""
         await self._start_emulators(adopt or {})
+        discover = {p.name for p in self.config.pools if p.discover_adapters}
+        if discover:  # the adapters the engines list: models of their pools
+            self.endpoints = await discover_adapters(self._http, self.endpoints, discover)
         self.live = self._build_live()
+        for i, ep in enumerate(self.endpoints):  # slots with no engine: not routed from the start
+            if emulator_key(ep) in self._parked:
+                self.live.park(i, True)
         if inherit is not None:
             carried = self.live.inherit(inherit, self.clock())
             log.info("live state of %d of %d endpoints carried over", carried,
@@ -71,14 +91,17 @@ class Fleet:
         self.collector = Collector(self.endpoints, self.live, self._http, lambda: self.clock(),
                                    before_tick=self.revive_emulators)
         await self.collector.tick()
-        self._task = asyncio.create_task(self.collector.run(self._interval),
+        self._task = asyncio.create_task(self.collector.run(self.interval_s),
                                          name="fleetgate-collector")
+        if self.live.adapters.enabled:
+            self.adapters = AdapterLoader(self.live.adapters, self._http, lambda: self.clock())
+            await self.adapters.poll()
+            self._adapter_task = asyncio.create_task(self.adapters.run(ADAPTER_POLL_S),
+                                                     name="fleetgate-adapters")
 
     async def stop(self, keep: set[str] | None = None) -> None:
         """Stop collecting and every emulated engine except the sources in ``keep``."""
-        if self._task:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await self._stop_tasks()
         doomed = [h for key, h in self.emulators.items() if key not in (keep or set())]
         await asyncio.gather(*(h.stop() for h in doomed), return_exceptions=True)
 
@@ -94,11 +117,9 @@ class Fleet:
         engines not in ``keep`` once the requests it dispatched to them have ended (their
         in-flight counts stay on this fleet's live state), at most ``drain_timeout_s`` later.
         Cancelled (the gateway shuts down), it stops them at once."""
-        if self._task:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await self._stop_tasks()
         draining = [i for i, ep in enumerate(self.endpoints)
-                    if ep.is_emulated and _emulator_key(ep) not in keep]
+                    if ep.is_emulated and emulator_key(ep) not in keep]
         loop = asyncio.get_running_loop()
         end = loop.time() + drain_timeout_s
         try:
@@ -107,6 +128,12 @@ class Fleet:
                 await asyncio.sleep(poll_s)
         finally:
             await self.stop(keep)
+
+    async def _stop_tasks(self) -> None:
+        tasks = [t for t in (self._task, self._adapter_task) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def snapshot(self) -> Snapshot:
         return self.live.snapshot(self.clock())
@@ -117,10 +144,35 @@ class Fleet:
     def _build_live(self) -> LiveFleet:
         return live_fleet(self.endpoints, self._stale_after)
 
+    @property
+    def scaled_here(self) -> set[str]:
+        """The autoscaled emulated pools whose engines this process starts and stops."""
+        if self._shared_emulators:
+            return set()
+        return {p.name for p in self.config.pools if _slotted(p)}
+
+    async def start_replica(self, i: int) -> None:
+        """Start the engine of slot ``i`` (an autoscaled emulated pool's) at its URL."""
+        ep = self.endpoints[i]
+        key = emulator_key(ep)
+        if key in self.emulators and self.emulators[key].returncode is None:
+            return
+        self.emulators[key] = await _launch(ep, urlsplit(ep.url).port or 0)
+        log.info("started replica %s at %s", ep.id, ep.url)
+
+    async def stop_replica(self, i: int) -> None:
+        """Stop the engine of slot ``i`` (its requests have ended: the scaler drained it)."""
+        handle = self.emulators.pop(emulator_key(self.endpoints[i]), None)
+        if handle is not None:
+            await handle.stop()
+            log.info("stopped replica %s", self.endpoints[i].id)
+
     async def _start_emulators(self, adopt: dict[str, EmulatorHandle]) -> None:
         shared = self._shared_emulators
-        wanted = {_emulator_key(ep): ep for ep in self.endpoints
-                  if ep.is_emulated and _emulator_key(ep) not in shared}
+        parked = self._parked = self._parked_slots(adopt) if not shared else {}
+        wanted = {emulator_key(ep): ep for ep in self.endpoints
+                  if ep.is_emulated and emulator_key(ep) not in shared
+                  and emulator_key(ep) not in parked}
         dead = [h for k, h in adopt.items() if k in wanted and h.returncode is not None]
         await asyncio.gather(*(h.stop() for h in dead))  # a reload starts them anew
         self.emulators = {k: h for k, h in adopt.items() if k in wanted and h not in dead}
@@ -130,16 +182,30 @@ class Fleet:
         except RuntimeError:
             await self.stop(keep=set(adopt))
             raise
-        urls = {**shared, **{k: h.url for k, h in self.emulators.items()}}
-        self.endpoints = [replace(ep, url=urls[_emulator_key(ep)]) if ep.is_emulated else ep
+        urls = {**shared, **parked, **{k: h.url for k, h in self.emulators.items()}}
+        self.endpoints = [replace(ep, url=urls[emulator_key(ep)]) if ep.is_emulated else ep
                           for ep in self.endpoints]
+
+    def _parked_slots(self, adopt: dict[str, EmulatorHandle]) -> dict[str, str]:
+        """The slots not started now (past a pool's ``initial_replicas``, and not running
+        from the previous generation), each with the URL its engine will have."""
+        out: dict[str, str] = {}
+        for pool in self.config.pools:
+            if not _slotted(pool):
+                continue
+            slots = [ep for ep in self.endpoints if ep.pool == pool.name]
+            for k, ep in enumerate(slots):
+                key = emulator_key(ep)
+                if k >= initial_replicas(pool) and key not in adopt:
+                    out[key] = f"http://127.0.0.1:{_free_port()}"
+        return out
 
 
 async def launch_emulators(endpoints: list[Endpoint]) -> dict[str, EmulatorHandle]:
     """One emulated engine per distinct emulated source among ``endpoints``, keyed as a
     ``Fleet`` keys them (what ``serve --workers`` hands its workers). All start or none:
     when one fails the others are stopped and ``RuntimeError`` says why."""
-    wanted = {_emulator_key(ep): ep for ep in endpoints if ep.is_emulated}
+    wanted = {emulator_key(ep): ep for ep in endpoints if ep.is_emulated}
     results = await asyncio.gather(*(_launch(ep) for ep in wanted.values()),
                                    return_exceptions=True)
     started = {k: r for k, r in zip(wanted, results, strict=True)
@@ -159,7 +225,7 @@ async def revive_emulators(emulators: dict[str, EmulatorHandle],
     for key, handle in list(emulators.items()):
         if handle.returncode is None:
             continue
-        ep = next(e for e in endpoints if e.is_emulated and _emulator_key(e) == key)
+        ep = next(e for e in endpoints if e.is_emulated and emulator_key(e) == key)
         try:
             fresh = await _launch(ep, urlsplit(handle.url).port or 0)
         except Exception as exc:
@@ -182,6 +248,8 @@ def prior_of(ep: Endpoint) -> Prior:
     come from its ``emulated://`` URL (and its profile is the one the emulator runs). A
     served name the catalog does not know gets the conservative profile, with one warning
     per name."""
+    if ep.hosted is not None:  # a hosted API: its configured latency, not a GPU's
+        return hosted_prior(ep.hosted.tpot_s, ep.hosted.max_concurrency, ep.max_model_len)
     query = _query(ep.source)
     scale = 1.0 / float(query.get("speed", 1.0)) if ep.is_emulated else 1.0
     served = next(iter(ep.models.values()))
@@ -202,24 +270,98 @@ _WARNED_UNKNOWN: set[str] = set()
 
 
 def endpoints_of(pool: PoolConfig) -> list[Endpoint]:
-    """The endpoints one pool of the config describes, ``<pool>-<n>`` in order."""
+    """The endpoints one pool of the config describes, ``<pool>-<n>`` in order. A LoRA
+    adapter is one more model of each: its public name -> what the engine serves it as."""
+    adapters = pool_adapters(pool)
+    models = {**pool.models, **{name: served_adapter_name(pool.engine, pool.models[a.base], name)
+                                for name, a in adapters.items()}}
     return [
         Endpoint(id=f"{pool.name}-{i}", pool=pool.name,
                  url="" if src.startswith("emulated://") else src, engine=pool.engine,
-                 accelerator=pool.accelerator, vendor=pool.vendor, models=dict(pool.models),
+                 accelerator=pool.accelerator, vendor=pool.vendor, models=dict(models),
                  labels=dict(pool.labels), price_per_gpu_hour=pool.price_per_gpu_hour,
                  gpus_per_replica=pool.gpus_per_replica, source=src, runtime=pool.runtime,
-                 max_model_len=pool.max_model_len, apis=pool.served_apis)
+                 max_model_len=pool.max_model_len, apis=pool.served_apis, api_key=pool.api_key,
+                 hosted=hosted_terms(pool), adapters=adapters,
+                 max_adapters=pool.max_adapters if adapters or pool.discover_adapters else 0,
+                 load_adapters=pool.load_adapters)
         for i, src in enumerate(pool.endpoints)
     ]
 
 
+def pool_adapters(pool: PoolConfig) -> dict[str, Adapter]:
+    """A pool's LoRA adapters as routing sees them."""
+    return {a.name: Adapter(a.name, pool.adapter_base(a), a.path, pool.adapter_preloaded(a))
+            for a in pool.adapters}
+
+
+def hosted_terms(pool: PoolConfig) -> HostedTerms | None:
+    """A per-token pool's price, cap and expected latency (None for a self-hosted pool)."""
+    price, latency = pool.price_per_mtok, pool.expected_latency
+    if price is None or latency is None or pool.max_concurrency is None:
+        return None
+    return HostedTerms(TokenPrice(price.input, price.output), pool.max_concurrency,
+                       latency.ttft_ms / 1000, latency.tpot_ms / 1000)
+
+
 def fleet_endpoints(config: FleetConfig) -> list[Endpoint]:
-    return [ep for pool in config.pools for ep in endpoints_of(pool)]
+    """Every pool's endpoints, an autoscaled emulated pool's slots included."""
+    return [ep for pool in config.pools
+            for ep in endpoints_of(with_slots(pool) if _slotted(pool) else pool)]
 
 
-def _emulator_key(ep: Endpoint) -> str:
-    return f"{ep.id}|{ep.source}|{','.join(sorted(set(ep.models.values())))}"
+def with_slots(pool: PoolConfig) -> PoolConfig:
+    """An autoscaled pool with ``max_replicas`` endpoints: the configured ones first, then
+    copies of its first source told apart by a ``#slotN`` fragment."""
+    scale = pool.autoscale
+    if scale is None:
+        return pool
+    if len(pool.endpoints) > scale.max_replicas:
+        raise ValueError(f"pool {pool.name}: {len(pool.endpoints)} endpoints but "
+                         f"autoscale.max_replicas is {scale.max_replicas}")
+    extra = [f"{pool.endpoints[0].split('#', 1)[0]}#slot{k}"
+             for k in range(len(pool.endpoints), scale.max_replicas)]
+    return pool.model_copy(update={"endpoints": [*pool.endpoints, *extra]})
+
+
+def initial_replicas(pool: PoolConfig) -> int:
+    """The replicas an autoscaled pool starts with: its configured endpoints, within its
+    floor and ceiling."""
+    scale = pool.autoscale
+    if scale is None:
+        return len(pool.endpoints)
+    return min(max(len(pool.endpoints), scale.min_replicas), scale.max_replicas)
+
+
+def _slotted(pool: PoolConfig) -> bool:
+    """An autoscaled pool of emulated engines: the gateway starts and stops its replicas."""
+    return pool.autoscale is not None and all(
+        src.startswith("emulated://") for src in pool.endpoints)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def emulator_key(ep: Endpoint) -> str:
+    key = f"{ep.id}|{ep.source}|{','.join(base_served_models(ep))}"
+    if ep.adapters:  # what it starts with and may do (a change restarts it)
+        key += "|lora:" + ",".join(sorted(f"{a.name}={a.path}" for a in ep.adapters.values()
+                                          if a.preload)) + f"|{ep.max_adapters}|{ep.load_adapters}"
+    return key
+
+
+def base_served_models(ep: Endpoint) -> list[str]:
+    """The names an endpoint's engine serves its base models under (adapters aside)."""
+    return sorted({served for public, served in ep.models.items() if public not in ep.adapters})
+
+
+def emulated_lora_modules(ep: Endpoint) -> dict[str, str]:
+    """The adapters an emulated engine starts with (``--lora-modules``): the preloaded ones,
+    a made-up hub id for one without a path."""
+    return {a.name: a.path or f"emulated/{a.name}" for a in ep.adapters.values() if a.preload}
 
 
 def _query(source: str) -> dict[str, str]:
@@ -234,7 +376,7 @@ async def _launch(ep: Endpoint, port: int = 0) -> EmulatorHandle:
     return await start_emulator(
         engine=parts.netloc,
         gpu=parts.path.strip("/"),
-        served_models=sorted(set(ep.models.values())),
+        served_models=base_served_models(ep),
         profile=query.get("profile"),
         speed=float(query.get("speed", 1.0)),
         stack=query.get("stack", "stock"),
@@ -243,4 +385,8 @@ async def _launch(ep: Endpoint, port: int = 0) -> EmulatorHandle:
         if "max_queued_requests" in query else None,
         max_model_len=ep.max_model_len,
         port=port,
+        enable_lora=bool(ep.adapters),
+        lora_modules=emulated_lora_modules(ep),
+        max_loras=ep.max_adapters or None,
+        runtime_lora=ep.load_adapters,
     )

@@ -23,6 +23,8 @@ What it keeps, per endpoint:
   pairs of measured and uncorrected predicted values, bounded in rate, relaxing toward the
   prior when an endpoint gets no traffic).
 - the breaker (``block_until``: routing skips it until then) and the health state.
+- ``parked``: a replica the scaler keeps out of routing whatever its health (starting, not
+  yet past its cold start; draining; or not provisioned at all: ``fleetgate.scaling``).
 - the rows a decision reads for every candidate, kept current as their inputs change (one
   scalar update per event instead of a vector operation over the fleet per request):
   ``active``, ``usable_from`` and ``stale_at`` (``types.Snapshot``).
@@ -55,6 +57,7 @@ from fleetgate.routing.types import (
     Snapshot,
     finite_or_none,
 )
+from fleetgate.state.adapters import AdapterTable
 from fleetgate.state.breaker import CircuitBreaker, HealthTracker
 from fleetgate.state.learning import NO_SAMPLE, Corrections, Sample
 from fleetgate.state.prefix import CHUNK_TOKENS, PrefixIndex
@@ -115,12 +118,13 @@ class LiveFleet:
         self._live[_ROW["k_tpot"]] = self._live[_ROW["k_ttft"]] = 1.0
         self._live[_ROW["last_contact"]] = -np.inf
         self._live[_STALE_AT] = np.inf  # pending: never stale before the first contact
-        usd_per_s = [ep.usd_per_s for ep in self.endpoints]
-        self._static = np.array([usd_per_s if name == "usd_per_s" else
+        by_endpoint = _endpoint_columns(self.endpoints)
+        self._static = np.array([by_endpoint[name] if name in by_endpoint else
                                  [getattr(p, name) for p in priors] for name in STATIC_COLUMNS],
                                 dtype=float).reshape(len(STATIC_COLUMNS), n)
         self._static.setflags(write=False)
         self.prefix = PrefixIndex(self.endpoints, self._static[STATIC_ROW["kv_capacity_tokens"]])
+        self.adapters = AdapterTable(self.endpoints)  # who holds which LoRA adapter
         self._seen = {"prompt_tokens_mean": 0, "output_tokens_mean": 0}
         self.k_ttft = Corrections(self._live[_ROW["k_ttft"]])
         self.k_tpot = Corrections(self._live[_ROW["k_tpot"]])
@@ -130,6 +134,7 @@ class LiveFleet:
         self.slo_capacity = SloCapacity(self._live[_ROW["slo_limit"]],
                                         self._live[_ROW["slo_knee"]], classes)
         self.stale_after_s = stale_after_s
+        self.parked = np.zeros(n, dtype=bool)
         self.stats = [EndpointStats(CircuitBreaker(breaker_threshold, breaker_cooldown_s))
                       for _ in self.endpoints]
         served = sorted({(m, api) for ep in self.endpoints for m in ep.models
@@ -142,7 +147,8 @@ class LiveFleet:
     def snapshot(self, now: float) -> Snapshot:
         live = self._live[:_ROUTED].copy()
         live.setflags(write=False)  # no plugin can change what a decision was made on
-        return Snapshot(self.endpoints, self._by_model, live, self._static, now, self.prefix)
+        return Snapshot(self.endpoints, self._by_model, live, self._static, now, self.prefix,
+                        self.adapters.view())
 
     def column(self, name: str) -> Any:
         """A copy of one live or static column now (for metrics and tests)."""
@@ -307,11 +313,32 @@ class LiveFleet:
         self._derive_usable(i)
 
     # -- background signals ------------------------------------------------------------
+    def park(self, i: int, parked: bool) -> None:
+        """Keep endpoint ``i`` out of routing (the scaler's: not started, starting,
+        draining), or let it back in; its requests in flight finish either way."""
+        self.parked[i] = parked
+        self._derive_usable(i)
+
     def on_probe(self, i: int, now: float, ok: bool, detail: str) -> bool:
         changed = self.stats[i].health.on_probe(ok, detail)
         self._live[_ROW["health"], i] = HEALTH_CODES[self.stats[i].health.state]
         if ok:
             self._live[_ROW["last_contact"], i] = now
+        self._derive_usable(i)
+        return changed
+
+    def set_health(self, i: int, now: float, state: str, detail: str) -> bool:
+        """Endpoint ``i``'s health as another gateway replica's probe found it
+        (``state/shard.py``); True when the state changed."""
+        health = self.stats[i].health
+        if state not in HEALTH_CODES or state == "pending":
+            return False
+        changed = health.state != state
+        health.state, health.detail = state, detail
+        health.failed_probes = 0 if state == "ready" else health.fails_to_not_ready
+        self._live[_ROW["health"], i] = HEALTH_CODES[state]
+        if state == "ready":
+            self._live[_ROW["last_contact"], i] = max(self._live[_ROW["last_contact"], i], now)
         self._derive_usable(i)
         return changed
 
@@ -426,7 +453,8 @@ class LiveFleet:
     def _derive_usable(self, i: int) -> None:
         col = self._live[:, i]
         health = col[_HEALTH]
-        col[_USABLE_FROM] = np.inf if health == _NOT_READY else max(col[_BLOCK], col[_PEER_BLOCK])
+        col[_USABLE_FROM] = (np.inf if health == _NOT_READY or self.parked[i]
+                             else max(col[_BLOCK], col[_PEER_BLOCK]))
         col[_STALE_AT] = np.inf if health == _PENDING else col[_CONTACT] + self.stale_after_s
 
     def _ewma(self, name: str, i: int, value: float) -> None:
@@ -442,6 +470,7 @@ class LiveFleet:
         row.update({name: _num(self._static[r, i]) for r, name in enumerate(STATIC_COLUMNS)})
         row.update({
             "health": st.health.state, "health_detail": st.health.detail,
+            "parked": bool(self.parked[i]),
             "breaker": st.breaker.state, "consecutive_failures": st.breaker.consecutive_failures,
             "scrape_age_s": _num(now - st.last_scrape_at), "requests": st.requests,
             "failures": st.failures, "output_tokens": st.output_tokens, "e2e_s": _num(st.e2e_s),
@@ -449,6 +478,20 @@ class LiveFleet:
             "tpot_p50_s": _pct(st.tpot_window, 50), "tpot_p95_s": _pct(st.tpot_window, 95),
         })
         return row
+
+
+def _endpoint_columns(endpoints: Sequence[Endpoint]) -> dict[str, list[float]]:
+    """The static columns an endpoint's description gives (its price), not its prior."""
+    hosted = [ep.hosted for ep in endpoints]
+    return {
+        "usd_per_s": [ep.usd_per_s for ep in endpoints],
+        "per_token": [0.0 if h is None else 1.0 for h in hosted],
+        "usd_per_input_token": [0.0 if h is None else h.price.input_usd_per_mtok / 1e6
+                                for h in hosted],
+        "usd_per_output_token": [0.0 if h is None else h.price.output_usd_per_mtok / 1e6
+                                 for h in hosted],
+        "hosted_ttft_s": [0.0 if h is None else h.ttft_s for h in hosted],
+    }
 
 
 def _num(value: float) -> float | None:

@@ -60,6 +60,19 @@ class Prior:
 UNKNOWN_PRIOR = Prior(0.05, 1e-7, 1e-3, 65536.0, 64.0, UNKNOWN_CONTEXT)
 
 
+def hosted_prior(tpot_s: float, max_concurrency: int,
+                 max_model_len: int | None = None) -> Prior:
+    """A hosted API's "prior": a fixed TPOT at any load (``step_base_s``; no per-token or
+    prefill cost: the provider's fleet is not ours to model), its cap as the batch, and
+    room for that many long requests. The router reads its expected TTFT from the
+    ``hosted_ttft_s`` column (``routing/estimate.py``); the learned ``k_tpot``/``k_ttft``
+    correct both as for any endpoint."""
+    context = float(max_model_len or UNKNOWN_CONTEXT)
+    return Prior(step_base_s=tpot_s, step_per_ctx_token_s=0.0, prefill_s_per_token=0.0,
+                 kv_capacity_tokens=float(max_concurrency) * min(context, 131072.0),
+                 max_batch=float(max_concurrency), max_model_len=context, profile="hosted")
+
+
 def endpoint_prior(accelerator: str, served_model: str, tp: int = 1, stack: str = "stock",
                    time_scale: float = 1.0, max_model_len: int | None = None,
                    profile_name: str | None = None) -> Prior:

@@ -18,8 +18,9 @@ Predicted miss share at load B = the miss share of B's bin. The class's capacity
 largest load whose bin and every bin below it are not *significantly* over the miss budget:
 
     budget = max(TARGET_MISS, floor + TARGET_MISS / 2)
-    bad(b) = misses_b >= 3 and misses_b > budget * n_b + Z * sqrt(budget * n_b)
-             (one-sided, Z = 2.5: a miss or two in a thinly sampled bin is the tail, not load)
+    bad(b) = m >= 3 and m > budget * n + Z * sqrt(budget * n), with n and m the results and
+             misses of bin b and the bin below it together (one-sided, Z = 1.5: a miss or
+             two in a thinly sampled bin is the tail, not load)
 
 ``floor`` is the miss share at up to half the highest load seen: a miss that every load has (a
 short answer whose few steps share one with a long prefill) is the workload's, not the

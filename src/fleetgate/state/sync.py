@@ -1,11 +1,17 @@
 """Replica sync: share per-endpoint load with the other gateway replicas, off the hot path.
 
-Every ``interval_s`` the sync task publishes this replica's view of each endpoint (its own
-in-flight count, latency EWMAs, learned corrections, breaker, health) to the shared state
-with a TTL of a few intervals, and reads the other live replicas' views: their in-flight
-counts are summed into each endpoint's ``peer_in_flight`` and their open breakers into
-``peer_block_until``, which the router reads from its local snapshot. Routing never waits on
-Redis; a replica that dies stops publishing and its load expires with the TTL.
+Every ``interval_s`` the sync task publishes this replica's view of the endpoints it has
+something to say about (its own in-flight requests or an open breaker there: at 10,000
+endpoints a share of every one would cost more than the scraping it saves) to the shared
+state with a TTL of a few intervals, and reads the other live replicas' views: their
+in-flight counts are summed into each endpoint's ``peer_in_flight`` and their open breakers
+into ``peer_block_until``, which the router reads from its local snapshot; an endpoint no
+peer mentions any more goes back to 0. Routing never waits on Redis; a replica that dies
+stops publishing and its load expires with the TTL.
+
+The same tick keeps the collector's scraping shard (``state/shard.py``) current: the live
+replicas are this one and those whose shares are live (the collector reads the peers'
+scraped rows itself, at each of its steps).
 
 A failing store (Redis down) costs one logged warning and a ``degraded`` flag; the sync
 keeps trying every interval and resumes by itself.
@@ -20,9 +26,12 @@ import logging
 import math
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+
+import numpy as np
 
 from fleetgate.state.fleet import Fleet
+from fleetgate.state.shard import ScrapeShard
 from fleetgate.state.store import EndpointShare, SharedState, StoreUnavailable
 
 log = logging.getLogger("fleetgate.sync")
@@ -38,6 +47,7 @@ class PeerSync:
         self._wall = wall
         self.failures = 0
         self.peers_seen = 0
+        self._mentioned: set[int] = set()  # endpoints with peer load or breakers last tick
 
     async def tick(self) -> None:
         fleet = self._fleet()
@@ -50,11 +60,25 @@ class PeerSync:
             for endpoint_id, share in shares.items():
                 in_flight[endpoint_id] += share.in_flight
                 blocked[endpoint_id] = max(blocked[endpoint_id], share.breaker_open_until)
-        mono, wall = fleet.clock(), self._wall()
-        for i, ep in enumerate(fleet.endpoints):
-            until = blocked.get(ep.id, 0.0)
+        mono, wall, index = fleet.clock(), self._wall(), fleet.live.index
+        mentioned = {i for eid in (*in_flight, *blocked) if (i := index.get(eid)) is not None}
+        for i in mentioned | self._mentioned:
+            eid = fleet.endpoints[i].id
+            until = blocked.get(eid, 0.0)
             local_until = mono + (until - wall) if until > wall else 0.0
-            fleet.live.on_peers(i, in_flight.get(ep.id, 0.0), local_until)
+            fleet.live.on_peers(i, in_flight.get(eid, 0.0), local_until)
+        self._mentioned = mentioned
+        await self._scrape_shard(fleet, peers)
+
+    async def _scrape_shard(self, fleet: Fleet, peers: Mapping[str, object]) -> None:
+        collector = fleet.collector
+        if collector is None:
+            return
+        if collector.shard is None:  # a new fleet (start, reload): its own shard
+            collector.shard = ScrapeShard(fleet.endpoints, fleet.live, self.replica_id,
+                                          self._shared, fleet.interval_s, fleet.clock,
+                                          collector.peer_capacity, self._wall)
+        collector.shard.assign(peers)  # the collector pulls the peers' rows at each step
 
     async def run(self) -> None:
         while True:
@@ -74,11 +98,14 @@ class PeerSync:
     def _shares(self, fleet: Fleet) -> dict[str, EndpointShare]:
         live, mono, wall = fleet.live, fleet.clock(), self._wall()
         out = {}
-        for i, ep in enumerate(fleet.endpoints):
+        busy = (live.column("in_flight") > 0) | (live.column("block_until") > mono)
+        for i in np.flatnonzero(busy).tolist():  # the rest: nothing the others need from here
+            ep = fleet.endpoints[i]
             block = live.value(i, "block_until")
+            in_flight = live.value(i, "in_flight")
             until = wall + (block - mono) if block > mono else 0.0
             out[ep.id] = EndpointShare(
-                in_flight=live.value(i, "in_flight"), ttft_s=_opt(live.value(i, "ttft_s")),
+                in_flight=in_flight, ttft_s=_opt(live.value(i, "ttft_s")),
                 tpot_s=_opt(live.value(i, "tpot_s")),
                 tokens_per_s=_opt(live.value(i, "tokens_per_s")),
                 k_ttft=live.value(i, "k_ttft"), k_tpot=live.value(i, "k_tpot"),

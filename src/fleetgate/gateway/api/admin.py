@@ -58,6 +58,7 @@ def _state(request: Request) -> AppState:
 def endpoint_rows(state: AppState) -> list[dict[str, Any]]:
     fleet = state.generation.fleet
     now = fleet.clock()
+    shard = fleet.collector.shard if fleet.collector else None
     rows = []
     for i, ep in enumerate(fleet.endpoints):
         row: dict[str, Any] = {
@@ -69,6 +70,7 @@ def endpoint_rows(state: AppState) -> list[dict[str, Any]]:
         row.update(fleet.live.describe(i, now))
         reported = fleet.collector.capacity.get(ep.id) if fleet.collector else None
         row["reported_capacity"] = reported.as_dict() if reported is not None else None
+        row["scraped_by"] = shard.source[i] if shard is not None else None
         row["prior_profile"] = prior_of(ep).profile or None
         row.update(_unit_costs(ep.price_per_replica_hour, row.get("tokens_per_s")))
         rows.append(row)
@@ -94,7 +96,8 @@ def pool_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         p["ready"] += r["health"] == "ready"
         p["in_flight"] += r["in_flight"] or 0.0
         p["tokens_per_s"] += r["tokens_per_s"] or 0.0
-        p["usd_per_hour"] += r["price_per_gpu_hour"] * r["gpus_per_replica"]
+        if not r.get("parked") or r["health"] == "ready":  # an off slot bills nothing
+            p["usd_per_hour"] += r["price_per_gpu_hour"] * r["gpus_per_replica"]
     out = []
     for name, p in pools.items():
         p.update(_unit_costs(p["usd_per_hour"], p["tokens_per_s"] or None))
@@ -117,7 +120,21 @@ async def endpoints(request: Request) -> dict[str, Any]:
             or bool(sync and sync.failures),
             "replica": sync.replica_id if sync else None,
             "peers": sync.peers_seen if sync else 0,
-            "registered": sorted(state.registrations)}
+            "registered": sorted(state.registrations),
+            "collector": collector_row(state)}
+
+
+def collector_row(state: AppState) -> dict[str, Any] | None:
+    """This replica's share of the scraping (``state/shard.py``)."""
+    collector = state.generation.fleet.collector
+    if collector is None:
+        return None
+    shard = collector.shard
+    return {"ticks": collector.ticks, "visits": collector.visits,
+            "replicas": len(shard.members) if shard else 1,
+            "owned": int(shard.mine.sum()) if shard else len(state.generation.fleet.endpoints),
+            "backing_up": int(shard.backup.sum()) if shard else 0,
+            "takeovers": shard.takeovers if shard else 0}
 
 
 @router.get("/decisions", response_model=DecisionsReport)
@@ -136,7 +153,7 @@ async def costs(request: Request) -> dict[str, Any]:
     own = state.sync.replica_id if state.sync else None
     peers: dict[str, LedgerSnapshot] = {}
     if state.stores is not None:
-        for rid, blob in (await state.stores.shared.costs()).items():
+        for rid, blob in (await state.stores.shared.blobs("costs")).items():
             if rid == own:
                 continue
             try:
@@ -160,6 +177,16 @@ async def shadow(request: Request) -> dict[str, Any]:
     requests beside the serving pool's on the same requests."""
     mirror = _state(request).shadow
     return mirror.report() if mirror is not None else {"candidates": []}
+
+
+@router.get("/scaling")
+async def scaling(request: Request) -> dict[str, Any]:
+    """Per autoscaled pool: desired and current replicas (ready, starting, draining), its
+    floor and ceiling, why, whether the gateway starts its replicas itself (``actuated``:
+    an ``emulated://`` pool) or publishes the desire for KEDA or an HPA, and the hourly bill
+    now and at the desired count."""
+    scaler = _state(request).scaler
+    return scaler.report() if scaler is not None else {"pools": {}}
 
 
 @router.post("/reload", response_model=ReloadResult,

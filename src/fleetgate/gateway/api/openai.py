@@ -68,7 +68,7 @@ async def proxy(request: Request, api: Api) -> Response:
                             await state.limits.admit(principal, routing,
                                                      state.generation.fleet.snapshot),
                             principal.priority_for(headers.get("x-priority")),
-                            principal.weight)
+                            principal.weight, allowed_models=principal.models)
     watch = ClientWatch(request.receive)  # the body is read: the next receive is a disconnect
     try:
         response = await state.proxy.handle(prepared)
@@ -104,7 +104,10 @@ async def list_models(request: Request) -> Response:
     state: AppState = request.app.state.fleetgate
     principal = state.keys.authenticate(request.headers)
     created = int(state.started_at)
-    data = [{"id": m, "object": "model", "created": created, "owned_by": "fleetgate"}
+    parents = {name: adapter.base for ep in state.generation.fleet.endpoints  # LoRA adapters
+               for name, adapter in ep.adapters.items()}  # name their base model
+    data = [{"id": m, "object": "model", "created": created, "owned_by": "fleetgate",
+             "root": m, "parent": parents.get(m)}
             for m in sorted(state.models)
             if principal.models is None or m in principal.models]
     return json_ok({"object": "list", "data": data})

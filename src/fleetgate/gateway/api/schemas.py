@@ -114,6 +114,8 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str
+    root: str | None = None
+    parent: str | None = None  # a LoRA adapter's base model (docs/lora.md); null otherwise
 
 
 class ModelList(BaseModel):
@@ -144,6 +146,8 @@ class EndpointRow(_Open):
     models: dict[str, str]
     health: str
     breaker: str
+    parked: bool = Field(default=False, description="kept out of routing by the fleet scaler "
+                         "(its replica is off, starting or draining), whatever its health")
     in_flight: float | None = None
     queued: float | None = None
     ttft_s: float | None = None
@@ -159,6 +163,10 @@ class EndpointRow(_Open):
         "the first read): kv_capacity_tokens, block_size, max_model_len, max_batch, "
         "architecture, kv_bytes_per_token, weight_bytes")
     prior_profile: str | None = None
+    scraped_by: str | None = Field(
+        default=None, description="the gateway replica whose visit (probe, scrape) the load "
+        "and health shown are from, where replicas share the scraping; null when this one "
+        "scrapes every endpoint itself")
 
 
 class PoolRow(_Open):
@@ -182,6 +190,10 @@ class EndpointsReport(BaseModel):
     replica: str | None
     peers: int
     registered: list[str]
+    collector: dict[str, Any] | None = Field(
+        default=None, description="this replica's share of the scraping: ticks, visits "
+        "(endpoint probes/scrapes made), replicas sharing it, owned and backing_up (endpoints "
+        "it scrapes, and those it takes over when their owner's rows stop), takeovers")
 
 
 class DecisionsReport(BaseModel):

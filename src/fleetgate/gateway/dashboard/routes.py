@@ -19,6 +19,7 @@ from starlette.responses import Response
 ASSETS = {
     "index.html": "text/html; charset=utf-8",
     "dashboard.js": "text/javascript; charset=utf-8",
+    "scaling.js": "text/javascript; charset=utf-8",
     "dashboard.css": "text/css; charset=utf-8",
 }
 HEADERS = {

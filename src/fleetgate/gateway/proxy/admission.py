@@ -43,6 +43,13 @@ class FlowControl:
         queue = self._queues.get(key)
         return len(queue) if queue is not None else 0
 
+    def waiting_by_model(self) -> dict[str, float]:
+        """Requests waiting for a slot, per public model (the scaler counts them as demand)."""
+        out: dict[str, float] = {}
+        for (model, _), queue in self._queues.items():
+            out[model] = out.get(model, 0.0) + len(queue)
+        return out
+
     async def wait(self, routing: RoutingRequest, priority: str, weight: float,
                    decision: Decision) -> None:
         key = (routing.model, routing.api)

@@ -11,6 +11,12 @@ When the client disconnects while it is armed, it cancels the task serving the r
 * during a stream (``SSEResponse``), the body iterator is cancelled at its current await,
   the relay closes upstream, and the response just ends.
 
+Under the gateway's server (``gateway/server.py``) the watch is no task at all: the server's
+protocol calls the request's ``on_disconnect`` hook when the connection is lost while the
+answer is unfinished, the moment uvicorn itself would mark it disconnected. A task that
+waits on ``receive()`` cost a task, its two steps, an event waiter and a cancellation per
+request (BENCHMARKS.md, issue 26); it remains for any other server (tests' ASGI transports).
+
 One task covers both phases. (Starlette's ``StreamingResponse``, under uvicorn's ASGI spec
 2.3, runs each stream in an anyio task group whose ``cancel()`` formats ``repr(task)``:
 about 0.4 ms of CPU per stream, BENCHMARKS.md.)
@@ -31,6 +37,8 @@ from collections.abc import AsyncIterator, Callable
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+HOOK = "on_disconnect"  # the attribute of a request cycle the server calls (server.py)
+
 
 class ClientWatch:
     """Cancels the current task when the client disconnects, while armed (module doc)."""
@@ -43,11 +51,22 @@ class ClientWatch:
         self._owner = owner
         self._armed = True
         self.gone = False
-        self._task = asyncio.get_running_loop().create_task(self._watch(receive))
+        self._task: asyncio.Task[None] | None = None
+        cycle = getattr(receive, "__self__", None)  # uvicorn's request cycle, under ours
+        if cycle is not None and getattr(cycle, HOOK, False) is None:
+            setattr(cycle, HOOK, self._left)
+            cycle.flow.resume_reading()  # as receive() would: a disconnect must be read
+            if cycle.disconnected:  # before the hook was set: as the task's first step
+                owner.get_loop().call_soon(self._left)
+            return
+        self._task = owner.get_loop().create_task(self._watch(receive))
 
     async def _watch(self, receive: Receive) -> None:
         while (await receive())["type"] != "http.disconnect":
             pass
+        self._left()
+
+    def _left(self) -> None:
         if self._armed:
             self.gone = True
             self._owner.cancel()
@@ -55,7 +74,8 @@ class ClientWatch:
     def close(self) -> None:
         """The answer is out (or the request failed): stop watching."""
         self._armed = False
-        self._task.cancel()
+        if self._task is not None:
+            self._task.cancel()
 
     def left(self) -> bool:
         """In an ``except CancelledError``: True when the cancellation was this watch's (the

@@ -20,6 +20,20 @@ if TYPE_CHECKING:
     from fleetgate.gateway.limits import Admission
 
 
+@dataclass(frozen=True, slots=True)
+class Fallback:
+    """Why the request is tried on another model (``gateway/proxy/fallback.py``)."""
+
+    asked: str  # the model the client asked for
+    came_from: str  # the model tried just before
+    reason: str  # fallback.REASONS
+    error: str  # what the model before answered
+
+    def explain(self) -> dict[str, str]:
+        return {"asked": self.asked, "from": self.came_from, "reason": self.reason,
+                "error": self.error}
+
+
 @dataclass(slots=True)
 class ProxyRequest:
     api: Api
@@ -33,6 +47,9 @@ class ProxyRequest:
     weight: float = 1.0  # the tenant's share when requests wait (weighted fair queuing)
     # the ledger's charges for it so far, every attempt's (the telemetry recorder adds them)
     cost_usd: float = 0.0
+    allowed_models: frozenset[str] | None = None  # the caller's key's models (None: any)
+    # set while a fallback model is tried (``routing.model`` is then that model)
+    fallback: Fallback | None = None
 
     @property
     def path(self) -> str:

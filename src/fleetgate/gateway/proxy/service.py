@@ -15,6 +15,11 @@ is past its SLO capacity, a high-priority request goes to the fastest endpoint a
 normal and low ones wait in a bounded, fair queue for a slot (normal first), or get 429
 with ``Retry-After`` when the wait would not fit the policy's TTFT SLO.
 
+Model fallbacks (``fallback.py``): where the request's model cannot serve it (its context
+is too small, admission sheds it, no endpoint is available, every attempt failed before the
+first byte) ``_serve`` raises ``Unserved`` and the request is served again with the next
+model of its route's ``fallbacks``, if any; ``x-fleetgate-model`` then names that model.
+
 Relay rules: the engine's bytes go to the client unchanged except the ``model`` field (the
 served name becomes the public one). Chat and completions streams always ask the engine for
 usage (``stream_options.include_usage``) so the gateway knows the token counts; the usage
@@ -46,13 +51,23 @@ from fleetgate.gateway.decisions import DecisionEntry, DecisionLog
 from fleetgate.gateway.errors import (
     GatewayError,
     NoCapacity,
+    Overloaded,
     context_length_exceeded,
     json_error,
 )
 from fleetgate.gateway.errors import normalise_upstream_error as normalise
+from fleetgate.gateway.proxy.adapters import adapter_ready
 from fleetgate.gateway.proxy.admission import FlowControl
 from fleetgate.gateway.proxy.answer import first_byte_timeout, whole_answer
 from fleetgate.gateway.proxy.attempt import Attempt
+from fleetgate.gateway.proxy.fallback import (
+    CAPACITY,
+    CONTEXT_WINDOW,
+    REFUSED,
+    UNAVAILABLE,
+    Unserved,
+    fall_back,
+)
 from fleetgate.gateway.proxy.observer import NOOP, Observer, RequestObserver
 from fleetgate.gateway.proxy.outcome import (
     RETRYABLE_STATUS,
@@ -68,7 +83,8 @@ from fleetgate.gateway.proxy.outcome import (
 from fleetgate.gateway.proxy.request import ProxyRequest
 from fleetgate.gateway.proxy.resume import NotResumable, Opened, Resumer
 from fleetgate.gateway.proxy.stream import open_continuation, open_stream
-from fleetgate.routing import Router, RoutingRequest
+from fleetgate.routing import Decision, Router, RoutingRequest
+from fleetgate.routing.policies import FallbackRoutes
 from fleetgate.state.admission import full, room
 from fleetgate.state.fleet import Fleet
 
@@ -85,6 +101,7 @@ class Generation:
     first_byte_s: dict[str, float | None] = field(default_factory=dict)  # policy -> deadline
     shadow: dict[str, ShadowConfig] = field(default_factory=dict)  # policy -> its mirror
     resume: dict[str, bool] = field(default_factory=dict)  # policy -> resume_streams (True)
+    fallbacks: FallbackRoutes = field(default_factory=FallbackRoutes)  # routes[].fallbacks
 
 
 @dataclass(slots=True)
@@ -126,29 +143,61 @@ class ProxyService:
 
     async def _route_and_relay(self, req: ProxyRequest, obs: RequestObserver) -> Response:
         gen = self._generation()  # one read: a reload mid-request changes nothing here
+        try:
+            return await self._serve(req, obs, gen)
+        except Unserved as exc:  # its route's fallbacks, or its error
+            return await fall_back(req, gen.fallbacks, exc,
+                                   lambda again: self._serve(again, obs, gen), self.decisions)
+
+    async def _serve(self, req: ProxyRequest, obs: RequestObserver, gen: Generation) -> Response:
+        """Route ``req`` to its model's endpoints and relay the first answer; ``Unserved``
+        when the model cannot serve it (``fallback.py``)."""
         decision = gen.router.route(req.routing, gen.fleet.snapshot())
         if decision.context_limit is not None:  # fits no endpoint: a 400 (SDKs retry a 503)
-            self.decisions.record(req.request_id, decision)
-            raise context_length_exceeded(
+            raise Unserved(CONTEXT_WINDOW, context_length_exceeded(
                 decision.context_limit, req.routing.prompt_tokens_estimate,
                 req.routing.max_tokens if req.api.usage_out else None, req.api.prompt_param,
-                next((f for f in req.api.output_caps if req.body.get(f) is not None), None))
+                next((f for f in req.api.output_caps if req.body.get(f) is not None), None)),
+                decision, self._record(req, decision))
         key = (req.routing.model, req.routing.api)
         if req.priority != "high" and (full(decision) or self.flow.waiting(key)):
-            await self.flow.wait(req.routing, req.priority, req.weight, decision)
+            try:
+                await self.flow.wait(req.routing, req.priority, req.weight, decision)
+            except Overloaded as exc:  # shed for capacity (never a caller's own limits)
+                raise Unserved(CAPACITY, exc, decision, None) from None
             decision = gen.router.route(req.routing, gen.fleet.snapshot())
-        ex = Exchange(req, gen, self.decisions.record(req.request_id, decision), obs,
+        ex = Exchange(req, gen, self._record(req, decision), obs,
                       lambda: self.flow.released(key))
         obs.routed(decision)
         if req.routing.stream and req.api.resumes and gen.resume.get(decision.policy, True):
             ex.resumer = functools.partial(self._resume, ex)
         if not len(decision.order):
-            raise NoCapacity(f"no endpoint can serve model {req.routing.model!r} now "
-                             f"({decision.reason})")
+            raise Unserved(UNAVAILABLE, NoCapacity(
+                f"no endpoint can serve model {req.routing.model!r} now ({decision.reason})"),
+                decision, ex.entry)
+        return await self._dispatch(ex)
+
+    def _record(self, req: ProxyRequest, decision: Decision) -> DecisionEntry:
+        entry = self.decisions.record(req.request_id, decision)
+        if req.fallback is not None:
+            entry.fallback = req.fallback.explain()
+        return entry
+
+    async def _dispatch(self, ex: Exchange) -> Response:
+        """Try the decision's candidates in order until one answers (see the module)."""
+        decision, gen = ex.entry.decision, ex.gen
         last: RetryableFailure | None = None
         suspects: list[Attempt] = []  # failed in a way this request may have caused
         attempts = decision.attempts(gen.max_attempts.get(decision.policy, 3))
-        for number, (position, _) in enumerate(attempts):
+        for number, (position, ep) in enumerate(attempts):
+            if decision.adapter is not None:  # a LoRA adapter: loaded there first
+                failed = await adapter_ready(gen.fleet, decision, int(decision.idx[position]))
+                if failed is not None:
+                    log.warning("%s: %s", ep.id, failed)
+                    ex.entry.attempts.append({"endpoint": ep.id, "status": 503,
+                                              "error": failed})
+                    last = RetryableFailure(503, f"{ep.id}: {failed}")
+                    continue
             attempt = Attempt.start(ex, position, number)
             try:
                 response = await self._relay(ex, attempt)
@@ -177,7 +226,7 @@ class ProxyService:
             return response
         assert last is not None
         settle(suspects, None, None)  # no second opinion: counted once per tenant
-        raise exhausted(last, len(attempts))
+        raise Unserved(REFUSED, exhausted(last, len(attempts)), decision, ex.entry)
 
     async def _resume(self, ex: Exchange, body: dict[str, Any], tried: set[str],
                       after_tokens: int) -> Opened | None:
@@ -193,6 +242,8 @@ class ProxyService:
                 break
             budget -= 1
             tried.add(ep.id)
+            if await adapter_ready(ex.gen.fleet, decision, int(decision.idx[position])):
+                continue  # could not load its adapter there
             attempt = Attempt.start(ex, position, len(ex.entry.attempts))
             record: dict[str, Any] = {"endpoint": ep.id, "migrated": True,
                                       "after_tokens": after_tokens}
@@ -268,6 +319,8 @@ class ProxyService:
         out_headers = {"x-fleetgate-pool": ep.pool, "x-fleetgate-endpoint": ep.id,
                        "x-fleetgate-policy": ex.entry.decision.policy,
                        "x-request-id": req.request_id}
+        if req.fallback is not None:  # a fallback model answers
+            out_headers["x-fleetgate-model"] = req.routing.model
         rewrite = _model_rewriter(attempt.served, req.routing.model)
         if resp.status != 200:
             return await _relay_error(resp, attempt, out_headers)
@@ -296,7 +349,8 @@ def _first_byte_limit(ex: Exchange, attempt: Attempt) -> float | None:
 
 
 def _upstream_headers(req: ProxyRequest, attempt: Attempt) -> dict[str, str]:
-    headers = {"content-type": "application/json", "x-request-id": req.request_id}
+    headers = {"content-type": "application/json", "x-request-id": req.request_id,
+               **attempt.ep.auth_headers}
     if req.traceparent:
         headers["traceparent"] = req.traceparent
     headers.update(attempt.observer.headers())

@@ -183,7 +183,8 @@ class ShadowMirror:
         t0 = self._clock()
         async with asyncio.timeout(first_byte_s if req.routing.stream else None) as deadline:
             resp = await self._backend.post(ep.url + req.path, orjson.dumps(body),
-                                            {"content-type": "application/json"},
+                                            {"content-type": "application/json",
+                                             **ep.auth_headers},
                                             self._timeouts)
             try:
                 if resp.status != 200:

@@ -69,6 +69,12 @@ ROUTE_CANDIDATES = "fleetgate.route.candidates"  # endpoints that passed every f
 ROUTE_REJECTED = "fleetgate.route.rejected"  # endpoints serving the model but filtered out
 ROUTE_ORDER = "fleetgate.route.order"  # endpoint ids in retry order
 ROUTE_ESTIMATED_COST = "fleetgate.route.estimated_cost_usd"
+ROUTE_MODEL = "fleetgate.route.model"  # the public model this decision routed
+# on a fallback model's decision (gateway/proxy/fallback.py): the model the client asked
+# for, the model tried just before and why it could not serve the request
+ROUTE_FALLBACK_ASKED = "fleetgate.route.fallback.asked"
+ROUTE_FALLBACK_FROM = "fleetgate.route.fallback.from"
+ROUTE_FALLBACK_REASON = "fleetgate.route.fallback.reason"
 ROUTE_CHOSEN = "fleetgate.route.chosen"
 ROUTE_RUNNER_UP = "fleetgate.route.runner_up"
 ROUTE_CHOSEN_VENDOR = ROUTE_CHOSEN + ".vendor"
@@ -119,3 +125,6 @@ BREAKER_CODES = {"closed": 0, "half_open": 1, "open": 2}
 OUTCOME_OK, OUTCOME_FAILED, OUTCOME_CANCELLED = "ok", "failed", "cancelled"
 NO_POOL = "none"  # label value when a request reached no endpoint
 ANONYMOUS = "anonymous"  # tenant of a request without one
+M_POOL_DESIRED = "fleetgate_pool_desired_replicas"  # gauge: pool (autoscale:, the scaler's want)
+M_POOL_REPLICAS = "fleetgate_pool_replicas"  # gauge: pool, state (ready|starting|draining)
+M_POOL_USD_PER_HOUR = "fleetgate_pool_usd_per_hour"  # gauge: pool (the bill now)

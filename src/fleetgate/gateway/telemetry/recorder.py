@@ -105,12 +105,13 @@ class RequestTelemetry:
                                                                     req.traceparent)
 
     def routed(self, decision: Decision) -> None:
+        self.routing = self.proxied.routing  # a fallback's: charged to the model that serves
         self.policy = decision.policy
         chosen = decision.chosen
         self.hub.metrics.decisions(decision.policy, chosen.pool if chosen else n.NO_POOL,
                                    decision.reason).inc()
         if self.spans is not None:
-            self.spans.route(decision, self.routing.max_tokens)
+            self.spans.route(decision, self.routing.max_tokens, self.proxied.fallback)
 
     def attempt(self, endpoint: Endpoint, served_model: str, number: int) -> AttemptObserver:
         if number and self.last is not None:
@@ -191,7 +192,8 @@ class AttemptTelemetry:
         usage = result.usage or {}
         tokens_in = int(usage.get("prompt_tokens") or 0)
         tokens_out = int(usage.get("completion_tokens") or 0)
-        charge = attempt_charge(self.ep, result.e2e_s, result.mean_concurrency)
+        charge = attempt_charge(self.ep, result.e2e_s, result.mean_concurrency, tokens_in,
+                                tokens_out)
         acc = self.account
         self._charge(charge, n.OUTCOME_OK, tokens_in, tokens_out)
         acc.e2e.observe(result.e2e_s)

@@ -1,11 +1,13 @@
 """The attributes of the ``route`` span: a routing decision, flattened for a trace.
 
 What a reader of one trace needs to explain the choice (docs/observability.md has a worked
-example): the policy and its reason, how many endpoints were eligible and how many were
-filtered out, the retry order, the chosen endpoint's vendor, accelerator and engine, and
-for the chosen endpoint and the runner-up their endpoint id, pool, total score, every
-scorer's score and the router's estimates (TTFT, TPOT, $/Mtok at the SLO batch, the
-marginal $ this request adds there, the SLO capacity).
+example): the model and, when it is a fallback, the model asked for, the one before and why
+it could not serve (one route span per model tried), the policy and its reason, how many
+endpoints were eligible and how many were filtered out, the retry order, the chosen
+endpoint's vendor, accelerator and engine, and for the chosen endpoint and the runner-up
+their endpoint id, pool, total score, every scorer's score and the router's estimates
+(TTFT, TPOT, $/Mtok at the SLO batch, the marginal $ this request adds there, the SLO
+capacity).
 ``fleetgate.route.estimated_cost_usd`` predicts this request's charge by the cost rule of
 ``costs.py`` (replica $/s x predicted e2e / predicted concurrency), so it can be compared
 with the ``fleetgate.cost.usd`` it is finally charged.
@@ -23,18 +25,25 @@ from typing import Any
 import numpy as np
 
 from fleetgate.catalog.pricing import charge_usd
+from fleetgate.gateway.proxy.request import Fallback
 from fleetgate.gateway.telemetry import names as n
 from fleetgate.routing import Decision
 from fleetgate.routing.estimate import DEFAULT_MAX_TOKENS
 
 
-def decision_attributes(decision: Decision, max_tokens: int | None) -> dict[str, Any]:
+def decision_attributes(decision: Decision, max_tokens: int | None,
+                        fallback: Fallback | None = None) -> dict[str, Any]:
     attrs: dict[str, Any] = {
+        n.ROUTE_MODEL: decision.model,
         n.ROUTE_POLICY: decision.policy, n.ROUTE_REASON: decision.reason,
         n.ROUTE_REJECTED: decision.rejected_count,
         n.ROUTE_CANDIDATES: int(np.count_nonzero(decision.alive))
         if decision.alive is not None else len(decision.order),
     }
+    if fallback is not None:
+        attrs[n.ROUTE_FALLBACK_ASKED] = fallback.asked
+        attrs[n.ROUTE_FALLBACK_FROM] = fallback.came_from
+        attrs[n.ROUTE_FALLBACK_REASON] = fallback.reason
     head = decision.order.tolist()
     if not head:
         return attrs

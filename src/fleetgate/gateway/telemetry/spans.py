@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 from opentelemetry.sdk.trace import Event
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from fleetgate.gateway.proxy.request import Fallback
 from fleetgate.gateway.telemetry import names as n
 from fleetgate.gateway.telemetry.routespan import decision_attributes
 from fleetgate.gateway.telemetry.tracing import UNSET, Attributes, Trace, Tracing
@@ -47,12 +48,13 @@ class RequestSpans:
         self.trace: Trace = tracing.begin(self.name, traceparent)
         self.sampled = self.trace.sampled
 
-    def route(self, decision: Decision, max_tokens: int | None) -> None:
+    def route(self, decision: Decision, max_tokens: int | None,
+              fallback: Fallback | None = None) -> None:
         if self.sampled:
             t = self.trace
             self.tracing.emit(n.SPAN_ROUTE, SpanKind.INTERNAL, t.child(self.tracing.span_id()),
-                              t.server, decision_attributes(decision, max_tokens), t.start_ns,
-                              time.time_ns())
+                              t.server, decision_attributes(decision, max_tokens, fallback),
+                              t.start_ns, time.time_ns())
 
     def attempt(self, endpoint: Endpoint, served: str, number: int, path: str,
                 routing: RoutingRequest, body: Mapping[str, Any]) -> AttemptSpan:

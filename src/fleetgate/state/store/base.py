@@ -10,9 +10,10 @@ the default) and a Redis one (``redis.py``, several replicas acting as one):
   worker registrations (``put_registration``: an opaque record per key, here the engine URL,
   that lapses ``ttl_s`` after the last put; ``registrations`` lists the live ones in the
   order they first registered, so every replica merges them into the same endpoint ids) and
-  each replica's cost-ledger snapshot (``publish_costs`` / ``costs``: an opaque blob per
-  replica id, kept ``ttl_s`` after its last publish, own snapshot included, so a replica
-  that stopped still counts in the fleet's costs).
+  opaque blobs per kind and replica id (``publish_blob`` / ``blobs``, own blob included, each
+  kept ``ttl_s`` after its last publish): each replica's cost-ledger snapshot (kind
+  ``"costs"``, kept long, so a replica that stopped still counts in the fleet's costs) and
+  the engine rows it scraped (kind ``"rows"``, ``state/shard.py``).
 - ``RateLimits``: sliding-window counters (``take`` = check-and-add in one atomic step,
   ``record`` = add unconditionally) and a concurrency semaphore whose holds expire. An
   amount ``take`` admits is a reservation: its ``Verdict.entry`` names it, and ``record``
@@ -120,12 +121,10 @@ class SharedState(Protocol):
     async def registrations(self) -> list[Registered]:
         """The live registrations, ordered by ``first_seen`` then key."""
 
-    async def publish_costs(self, replica_id: str, blob: bytes, ttl_s: float) -> None:
-        """Replace this replica's cost snapshot; it is forgotten ``ttl_s`` after the last
-        publish."""
+    async def publish_blob(self, kind: str, replica_id: str, blob: bytes,
+                           ttl_s: float) -> None: ...
 
-    async def costs(self) -> dict[str, bytes]:
-        """Every replica's latest cost snapshot (this one's included): replica id -> blob."""
+    async def blobs(self, kind: str) -> dict[str, bytes]: ...
 
     async def close(self) -> None: ...
 

@@ -315,11 +315,12 @@ class FailoverSharedState:
     async def registrations(self) -> list[Registered]:
         return await self._read(self.inner.registrations, [])
 
-    async def publish_costs(self, replica_id: str, blob: bytes, ttl_s: float) -> None:
-        await self._write(lambda: self.inner.publish_costs(replica_id, blob, ttl_s))
+    async def publish_blob(self, kind: str, replica_id: str, blob: bytes,
+                           ttl_s: float) -> None:
+        await self._write(lambda: self.inner.publish_blob(kind, replica_id, blob, ttl_s))
 
-    async def costs(self) -> dict[str, bytes]:
-        return await self._read(self.inner.costs, {})
+    async def blobs(self, kind: str) -> dict[str, bytes]:
+        return await self._read(lambda: self.inner.blobs(kind), {})
 
     async def close(self) -> None:
         await self.inner.close()

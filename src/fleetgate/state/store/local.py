@@ -36,7 +36,7 @@ log = logging.getLogger("fleetgate")
 _HEADER = struct.Struct(">I")
 _MAX_FRAME = 64 * 1024 * 1024
 SHARED_CALLS = frozenset({"publish", "peers", "put_registration", "drop_registration",
-                          "registrations", "publish_costs", "costs"})
+                          "registrations", "publish_blob", "blobs"})
 LIMIT_CALLS = frozenset({"take", "record", "acquire", "release", "add_spend", "spent",
                          "reserve_spend"})
 
@@ -178,11 +178,12 @@ class LocalStore:
         result: list[Registered] = await self._call("registrations")
         return result
 
-    async def publish_costs(self, replica_id: str, blob: bytes, ttl_s: float) -> None:
-        await self._call("publish_costs", replica_id, blob, ttl_s)
+    async def publish_blob(self, kind: str, replica_id: str, blob: bytes,
+                           ttl_s: float) -> None:
+        await self._call("publish_blob", kind, replica_id, blob, ttl_s)
 
-    async def costs(self) -> dict[str, bytes]:
-        result: dict[str, bytes] = await self._call("costs")
+    async def blobs(self, kind: str) -> dict[str, bytes]:
+        result: dict[str, bytes] = await self._call("blobs", kind)
         return result
 
     # -- LimitStore ----------------------------------------------------------------------

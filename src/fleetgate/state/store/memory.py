@@ -5,7 +5,7 @@ process's dicts:
 
 - ``MemorySharedState``: replica id -> (expires_at, shares) on an injected monotonic clock.
   With one replica ``peers`` is always empty; it is real so the contract is the same.
-  Registrations (key -> (first_seen, record, expires_at)) and cost snapshots (replica id ->
+  Registrations (key -> (first_seen, record, expires_at)) and blobs (kind -> replica id ->
   (expires_at, blob)) expire on the same clock.
 - ``MemoryLimits`` (``RateLimits`` + ``Budgets``): per key, a deque of ``[time, amount,
   id]`` entries plus their running total (trimmed from the left on every call, so a call
@@ -37,7 +37,7 @@ class MemorySharedState:
         self._clock = clock
         self._replicas: dict[str, tuple[float, dict[str, EndpointShare]]] = {}
         self._registrations: dict[str, tuple[float, bytes, float]] = {}
-        self._costs: dict[str, tuple[float, bytes]] = {}
+        self._blobs: dict[str, dict[str, tuple[float, bytes]]] = {}  # kind -> replica -> blob
 
     async def publish(self, replica_id: str, shares: Mapping[str, EndpointShare],
                       ttl_s: float) -> None:
@@ -67,19 +67,20 @@ class MemorySharedState:
                        for key, (first, record, exp) in self._registrations.items()),
                       key=lambda r: (r.first_seen, r.key))
 
-    async def publish_costs(self, replica_id: str, blob: bytes, ttl_s: float) -> None:
-        self._costs[replica_id] = (self._clock() + ttl_s, bytes(blob))
+    async def publish_blob(self, kind: str, replica_id: str, blob: bytes,
+                           ttl_s: float) -> None:
+        self._blobs.setdefault(kind, {})[replica_id] = (self._clock() + ttl_s, bytes(blob))
 
-    async def costs(self) -> dict[str, bytes]:
-        now = self._clock()
-        for rid in [r for r, (exp, _) in self._costs.items() if exp <= now]:
-            del self._costs[rid]
-        return {rid: blob for rid, (_, blob) in self._costs.items()}
+    async def blobs(self, kind: str) -> dict[str, bytes]:
+        now, blobs = self._clock(), self._blobs.get(kind, {})
+        for rid in [r for r, (exp, _) in blobs.items() if exp <= now]:
+            del blobs[rid]
+        return {rid: blob for rid, (_, blob) in blobs.items()}
 
     async def close(self) -> None:
         self._replicas.clear()
         self._registrations.clear()
-        self._costs.clear()
+        self._blobs.clear()
 
     def _expire_registrations(self) -> None:
         now = self._clock()

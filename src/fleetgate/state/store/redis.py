@@ -119,8 +119,7 @@ class RedisSharedState(_RedisBase):
         self._reg_prefix = f"{prefix}reg:"
         self._register = client.register_script(lua.REGISTER)
         self._registrations = client.register_script(lua.REGISTRATIONS)
-        self._cost_registry = f"{prefix}cost-replicas"
-        self._cost_prefix = f"{prefix}costs:"
+        self._prefix = prefix
 
     @classmethod
     def from_url(cls, url: str, prefix: str = DEFAULT_PREFIX,
@@ -167,17 +166,18 @@ class RedisSharedState(_RedisBase):
                            max(0.0, int(flat[i + 3]) / 1000))
                 for i in range(0, len(flat), 4)]
 
-    async def publish_costs(self, replica_id: str, blob: bytes, ttl_s: float) -> None:
+    async def publish_blob(self, kind: str, replica_id: str, blob: bytes,
+                           ttl_s: float) -> None:
         ttl_ms = max(1, math.ceil(ttl_s * 1000))
         pipe = self.client.pipeline(transaction=False)
-        pipe.set(self._cost_prefix + replica_id, blob, px=ttl_ms)
-        pipe.sadd(self._cost_registry, replica_id)
-        pipe.pexpire(self._cost_registry, 2 * ttl_ms)
+        pipe.set(f"{self._prefix}{kind}:{replica_id}", blob, px=ttl_ms)
+        pipe.sadd(f"{self._prefix}{kind}-replicas", replica_id)
+        pipe.pexpire(f"{self._prefix}{kind}-replicas", 2 * ttl_ms)
         await self._run(pipe.execute())
 
-    async def costs(self) -> dict[str, bytes]:
+    async def blobs(self, kind: str) -> dict[str, bytes]:
         flat: list[bytes] = await self._run(self._peers(
-            keys=[self._cost_registry], args=[self._cost_prefix, ""]))
+            keys=[f"{self._prefix}{kind}-replicas"], args=[f"{self._prefix}{kind}:", ""]))
         return {flat[i].decode(): bytes(flat[i + 1]) for i in range(0, len(flat), 2)}
 
 

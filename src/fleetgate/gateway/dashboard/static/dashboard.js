@@ -14,7 +14,7 @@ const COLORS = ["#4e9af1", "#f1a14e", "#8bd46e", "#d46ec2", "#e8d44d", "#6ed4cf"
 
 const ui = {
   poll: 0, busy: false, paused: false, timer: null, openDecision: null, decisions: [],
-  share: [], lastRequests: null, colors: {}, shadowMissing: 0,
+  share: [], lastRequests: null, colors: {}, shadowMissing: 0, scaling: null,
 };
 
 // ------------------------------------------------------------------ formatting
@@ -82,15 +82,18 @@ async function pollOnce() {
   const n = ui.poll + 1;
   const shadowDue = ui.shadowMissing === 0 || n % 15 === 0;
   try {
-    const [endpoints, costs, decisions, shadow] = await Promise.all([
+    const [endpoints, costs, decisions, shadow, scaling] = await Promise.all([
       get("/admin/endpoints", n), get("/admin/costs", n),
       get(`/admin/decisions?limit=${DECISIONS}&candidates=${CANDIDATES}`, n),
-      shadowDue ? get("/admin/shadow", n) : Promise.resolve(undefined)]);
+      shadowDue ? get("/admin/shadow", n) : Promise.resolve(undefined),
+      get("/admin/scaling", n)]);
     ui.poll = n;
-    render(endpoints, costs, decisions, shadow);
+    ui.scaling = scaling;
+    const bill = render(endpoints, costs, decisions, shadow);
     document.body.dataset.poll = String(n);
     setStatus(`updated ${new Date().toLocaleTimeString("en-GB")} · every ${INTERVAL_S} s · ` +
-      `${costs.total.requests} requests · $${sig(costs.total.usd)} since start`, false);
+      `${costs.total.requests} requests · $${sig(costs.total.usd)} since start · ` +
+      `fleet $${sig(bill.now)}/hour`, false);
     showLogin(false);
   } catch (err) {
     if (err.auth) { showLogin(true, key() ? err.message : ""); return; }
@@ -122,6 +125,7 @@ function showLogin(show, error = "") {
 
 function render(endpoints, costs, decisions, shadow) {
   const latest = predicted(decisions.decisions);
+  const bill = renderScaling(endpoints, ui.scaling);
   renderPools(endpoints, costs, latest);
   recordShare(costs, endpoints.pools.map(p => p.pool));
   renderShare();
@@ -129,6 +133,7 @@ function render(endpoints, costs, decisions, shadow) {
   renderDecisions();
   renderCosts(costs);
   if (shadow !== undefined) renderShadow(shadow);
+  return bill;
 }
 
 // The router's predicted $/Mtok per pool: its estimate in the newest decision naming it.
@@ -148,8 +153,13 @@ function renderPools(endpoints, costs, latest) {
   const eps = {};
   for (const e of endpoints.endpoints) (eps[e.pool] = eps[e.pool] || []).push(e);
   const ledger = byKey(costs.pools, "pool");
+  const scaled = (ui.scaling && ui.scaling.pools) || {};
   const html = endpoints.pools.map(p => {
     const first = eps[p.pool][0];
+    const parked = eps[p.pool].filter(e => e.parked).length;
+    const routed = eps[p.pool].filter(e => !e.parked && e.health === "ready").length;
+    const bill = scaled[p.pool] ? val("scaling", p.pool, "usd_per_hour", scaled[p.pool].usd_per_hour,
+      "usd") : val("endpoints.pools", p.pool, "usd_per_hour", p.usd_per_hour, "usd");
     const spent = ledger[p.pool] || {};
     const breakers = [...new Set(eps[p.pool].map(e => e.breaker))];
     const queued = eps[p.pool].reduce((s, e) => s + (e.queued || 0), 0);
@@ -159,9 +169,10 @@ function renderPools(endpoints, costs, latest) {
       <h3><span>${esc(p.pool)}</span><span class="badge ${esc(p.vendor)}">${esc(p.vendor.toUpperCase())}</span></h3>
       <div class="meta">${esc(p.accelerator.toUpperCase())} × ${first.gpus_per_replica} · ${esc(p.engine)} ·
         ${val("endpoints.endpoints", first.id, "price_per_gpu_hour", first.price_per_gpu_hour, "usd")}/GPU-h ·
-        ${P("usd_per_hour", "usd")}/h</div>
+        ${bill}/h</div>
       <div class="stats">
-        ${stat("health", `<span class="v">${p.ready}/${p.endpoints} ready</span>`)}
+        ${stat("health", `<span class="v">${parked ? `${routed} ready · ${parked} parked`
+          : `${p.ready}/${p.endpoints} ready`}</span>`)}
         ${stat("breaker", `<span class="v">${breakers.map(state).join(" ")}</span>`)}
         ${stat("queue", `<span class="v" data-src="derived" data-k="queued" data-value="${queued}">${sig(queued)}</span>`)}
         ${stat("in flight", P("in_flight"))}
@@ -174,17 +185,18 @@ function renderPools(endpoints, costs, latest) {
         ${stat("spent", C("usd", "usd"))}
         ${stat("failed $", C("failed_usd", "usd"))}
       </div>
-      <div class="eps">${eps[p.pool].map(endpointRow).join("")}</div>
+      <div class="eps">${eps[p.pool].map(e => endpointRow(e, scaled[p.pool])).join("")}</div>
     </article>`;
   }).join("");
   document.getElementById("pools").innerHTML = html ||
     '<div class="empty">no pools configured</div>';
 }
 
-function endpointRow(e) {
+function endpointRow(e, scaling) {
   const E = (k, fmt) => val("endpoints.endpoints", e.id, k, e[k], fmt);
-  return `<div class="ep" data-endpoint="${esc(e.id)}">
-    <div><b>${esc(e.id)}</b> ${state(e.health)} · breaker ${state(e.breaker)}</div>
+  const status = e.parked ? parkedLabel(e, scaling) : `${state(e.health)} · breaker ${state(e.breaker)}`;
+  return `<div class="ep${e.parked ? " parked" : ""}" data-endpoint="${esc(e.id)}">
+    <div><b>${esc(e.id)}</b> ${status}</div>
     <div>queue ${E("queued")} · in flight ${E("in_flight")} · ${E("tokens_per_s")} tok/s</div>
     <div>TTFT p50 ${E("ttft_p50_s", "ms")} p95 ${E("ttft_p95_s", "ms")} ·
       TPOT p50 ${E("tpot_p50_s", "ms")} p95 ${E("tpot_p95_s", "ms")}</div></div>`;

@@ -1,0 +1,184 @@
+"""Desired replicas per pool, from demand and each replica's SLO capacity: one scaler for
+``fleetgate simulate`` and ``fleetgate serve``.
+
+Per group of pools that serve the same models (pools sharing a model are one group, llm-d's
+"variants" of a model), every ``TICK_S``:
+
+* demand = requests on the group's replicas (the router's ``active``: our in-flight and the
+  engines' running + queued) plus those waiting in the gateway's admission queue, averaged
+  over the last ``DEMAND_WINDOW_S``;
+* a replica of pool p carries ``capacity_p x target_utilization_p`` of it, ``capacity_p``
+  the SLO capacity the router itself uses (``signals.py``: the class's learned capacity, the
+  catalog prior's until one is learned);
+* what is paid for anyway is used first: pools without ``autoscale`` at their ready count,
+  autoscaled ones at their floor (``min_replicas``);
+* the rest is bought on the autoscaled pools in order of $ per unit of SLO capacity, each
+  up to its ceiling; the last, partial replica goes to the pool where one replica covering
+  the rest costs least per hour (a small dear replica may beat a big cheap one there);
+* a group that cannot be carried even at every ceiling asks for every ceiling.
+
+Hysteresis as Kubernetes' HPA does it: up at once; down only to the highest desire of the
+last ``scale_down_delay_s`` (a stabilisation window; the replicas a pool has when the scaler
+first sees it count as a desire then), and one replica per pool per tick, so
+the dearest pools (bought last) give their replicas back first. Starting replicas count as
+supply: a burst does not buy twice while the first ones boot.
+
+May touch: config (AutoscaleConfig). Must not touch: I/O, clocks (``now`` is passed in),
+live state (``signals.py`` reads it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from fleetgate.config.schema import AutoscaleConfig
+
+EPS = 1e-9
+TICK_S = 5.0  # how often serve and simulate tick the scaler
+DEMAND_WINDOW_S = 20.0
+
+
+@dataclass(frozen=True)
+class PoolState:
+    """One pool as the scaler sees it at a tick."""
+
+    name: str
+    models: frozenset[str]
+    usd_per_replica_hour: float
+    capacity: float  # requests one replica runs within the SLO
+    load: float  # requests on its replicas now
+    ready: int
+    starting: int = 0
+    draining: int = 0
+    autoscale: AutoscaleConfig | None = None
+
+    @property
+    def live(self) -> int:
+        """Replicas that serve or will: ready and starting (draining ones are leaving)."""
+        return self.ready + self.starting
+
+    @property
+    def per_replica(self) -> float:
+        """The demand one replica is meant to carry."""
+        target = self.autoscale.target_utilization if self.autoscale else 1.0
+        return max(self.capacity * target, EPS)
+
+
+@dataclass(frozen=True)
+class Target:
+    pool: str
+    desired: int
+    current: int
+    reason: str
+    usd_per_hour: float  # the replicas billed now (ready, starting, draining)
+    usd_per_hour_at_desired: float
+    load: float  # requests on the pool's replicas at this tick
+    replica_capacity: float  # requests one replica runs within the SLO
+
+
+def groups(pools: list[PoolState]) -> list[list[PoolState]]:
+    """Pools joined by shared models (connected components), in config order."""
+    out: list[list[PoolState]] = []
+    for pool in pools:
+        joined = [g for g in out if any(pool.models & p.models for p in g)]
+        merged = [p for g in joined for p in g] + [pool]
+        out = [g for g in out if g not in joined] + [merged]
+    return out
+
+
+def allocate(pools: list[PoolState], demand: float) -> tuple[dict[str, int], str]:
+    """Replicas per autoscaled pool of one group to carry ``demand`` (module docstring),
+    and why, in a few words."""
+    scaled = [p for p in pools if p.autoscale is not None]
+    want = {p.name: p.autoscale.min_replicas for p in scaled if p.autoscale}
+    paid = sum(p.ready * p.per_replica for p in pools if p.autoscale is None)
+    paid += sum(want[p.name] * p.per_replica for p in scaled)
+    rest = demand - paid
+    if rest <= EPS:
+        return want, f"demand {demand:.1f} fits the paid-for capacity {paid:.1f}"
+    order = sorted(scaled, key=lambda p: (p.usd_per_replica_hour / p.per_replica, p.name))
+    for k, pool in enumerate(order):
+        spec = pool.autoscale
+        assert spec is not None
+        room = spec.max_replicas - want[pool.name]
+        if room <= 0:
+            continue
+        whole = math.floor(rest / pool.per_replica + EPS)
+        if whole >= room:
+            want[pool.name] += room
+            rest -= room * pool.per_replica
+            continue
+        want[pool.name] += whole
+        rest -= whole * pool.per_replica
+        if rest > EPS:
+            last = _cheapest_cover(order[k:], want, rest)
+            want[last.name] += 1
+            rest -= last.per_replica
+        break
+    if rest > EPS:
+        return want, f"demand {demand:.1f} exceeds every ceiling (short by {rest:.1f})"
+    return want, f"demand {demand:.1f}: cheapest $ per unit of SLO capacity first"
+
+
+def _cheapest_cover(order: list[PoolState], want: dict[str, int], rest: float) -> PoolState:
+    """The pool whose one more replica covers ``rest`` for the least $/hour (the first in
+    ``order`` with room when none covers it)."""
+    room = [p for p in order if p.autoscale and want[p.name] < p.autoscale.max_replicas]
+    covering = [p for p in room if p.per_replica >= rest - EPS]
+    if covering:
+        return min(covering, key=lambda p: (p.usd_per_replica_hour, order.index(p)))
+    return room[0]
+
+
+@dataclass
+class FleetScaler:
+    """The stateful part: each group's recent demand (averaged over ``DEMAND_WINDOW_S``:
+    the in-flight count of a Poisson load jumps from one instant to the next) and each
+    pool's recent desires (the stabilisation window)."""
+
+    demand: dict[frozenset[str], deque[tuple[float, float]]] = field(default_factory=dict)
+    history: dict[str, deque[tuple[float, int]]] = field(default_factory=dict)
+
+    def tick(self, now: float, pools: list[PoolState],
+             waiting: dict[str, float] | None = None) -> dict[str, Target]:
+        """Targets for every autoscaled pool. ``waiting``: requests queued in the gateway
+        per public model (admission), counted once for the group that serves the model."""
+        out: dict[str, Target] = {}
+        for group in groups(pools):
+            models = frozenset().union(*(p.models for p in group))
+            now_demand = sum(p.load for p in group) + sum(
+                n for m, n in (waiting or {}).items() if m in models)
+            want, why = allocate(group, self._smoothed(now, models, now_demand))
+            for pool in group:
+                if pool.autoscale is not None:
+                    out[pool.name] = self._settle(now, pool, want[pool.name], why)
+        return out
+
+    def _smoothed(self, now: float, key: frozenset[str], value: float) -> float:
+        seen = self.demand.setdefault(key, deque())
+        seen.append((now, value))
+        while now - seen[0][0] > DEMAND_WINDOW_S:
+            seen.popleft()
+        return sum(v for _, v in seen) / len(seen)
+
+    def _settle(self, now: float, pool: PoolState, raw: int, why: str) -> Target:
+        spec = pool.autoscale
+        assert spec is not None
+        seen = self.history.get(pool.name)
+        if seen is None:  # what a pool has when first seen counts as a desire then
+            seen = self.history[pool.name] = deque([(now, pool.live)])
+        seen.append((now, raw))
+        while seen and now - seen[0][0] > spec.scale_down_delay_s:
+            seen.popleft()
+        held = max(d for _, d in seen)
+        desired = raw
+        if raw < pool.live:
+            desired = max(held if held < pool.live else pool.live, pool.live - 1, raw)
+            if desired > raw:
+                why += f"; down to {raw} after {spec.scale_down_delay_s:g} s lower"
+        desired = min(max(desired, spec.min_replicas), spec.max_replicas)
+        billed = pool.ready + pool.starting + pool.draining
+        return Target(pool.name, desired, pool.live, why, billed * pool.usd_per_replica_hour,
+                      desired * pool.usd_per_replica_hour, pool.load, pool.capacity)

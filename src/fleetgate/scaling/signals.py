@@ -1,0 +1,187 @@
+"""What the scaler sees of a fleet: each pool's replicas (as slots of the live fleet), its
+load and each replica's SLO capacity, read from ``LiveFleet`` the same way in ``simulate``
+and ``serve``.
+
+A pool's replicas are *slots*: endpoint indices of the live fleet. An autoscaled pool whose
+replicas fleetgate starts itself (the simulator's, and ``emulated://`` ones in ``serve``)
+has ``max_replicas`` slots, each ``off``, ``starting`` (billed, not routed to until its cold
+start is over), ``ready`` or ``draining`` (no new requests; billed until its last request
+ends). The replicas of any other pool come and go outside fleetgate (Kubernetes, ``fleetgate
+worker``): a slot is ready while its health is, and the scaler only publishes what it wants.
+
+Capacity: what one replica takes within the SLO, for a request of the workload's typical
+shape (the prompt and answer means the gateway has seen, less what the prefix caches hold),
+under the SLO the scaler is given; the median over the pool's slots. That is the smaller of
+the router's B_slo from the catalog prior as corrected by the class's learned speed
+(``k_tpot``, ``k_ttft``: learned from every finished request's latency), and, under a TPOT
+SLO, the requests the router's own prefill share bound (``MAX_SLO_PREFILL_SHARE`` of a
+replica's time on prompts) lets in, each staying as long as a request does at that load
+(``_capacity``). Measured on the scenario fleets (BENCHMARKS.md, issue 23): with B_slo
+alone the scaler bought half the replicas the router fills on 1,500-token prompts
+(amd-cheap at 60% load: 93.8% within the SLO; 99.1% with the share bound); with the
+learned knee of ``state/slo_capacity.py`` in place of the prior's B_slo, the H100 class's
+capacity swung between 7 and 60 from one tick to the next under the cost router's packing
+and the bill followed it (nvidia-cheap at 60%, 900 s: $10.46 against $6.26 with the prior,
+both 99.0% within the SLO).
+
+A hosted API priced per token (``price_per_mtok``) is neither scaled nor paid-for capacity:
+its PoolState has no replicas, no capacity and no price, so it covers none of the demand;
+the requests on it still count in its group's demand, so a burst it absorbs buys the
+self-hosted replicas that take the load back once they are up.
+
+May touch: state (LiveFleet), routing's estimates, config. Must not touch: I/O, clocks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from fleetgate.config.schema import AutoscaleConfig, FleetConfig
+from fleetgate.routing import Endpoint, RoutingRequest
+from fleetgate.routing.estimate import (
+    DEFAULT_MAX_TOKENS,
+    MAX_SLO_PREFILL_SHARE,
+    Estimates,
+    Slo,
+)
+from fleetgate.routing.types import HEALTH_CODES, LIVE_ROW, IntArray, Snapshot
+from fleetgate.scaling.scaler import PoolState
+from fleetgate.state.live import LiveFleet
+
+OFF, STARTING, READY, DRAINING = 0, 1, 2, 3
+DEFAULT_PROMPT_TOKENS = 1000  # a request shape before the gateway has seen any
+_READY = HEALTH_CODES["ready"]
+
+
+@dataclass
+class ScaledPool:
+    """One pool's slots and their states (``managed``: fleetgate starts and stops them)."""
+
+    name: str
+    models: frozenset[str]
+    usd_per_replica_hour: float
+    autoscale: AutoscaleConfig | None
+    slots: tuple[int, ...]
+    managed: bool
+    state: dict[int, int] = field(default_factory=dict)
+    per_token: bool = False  # a hosted API: its load is demand, never supply
+
+    def in_state(self, state: int) -> list[int]:
+        return [i for i in self.slots if self.state.get(i) == state]
+
+
+def scaled_pools(config: FleetConfig, endpoints: Sequence[Endpoint], managed: set[str],
+                 initial: dict[str, int] | None = None) -> list[ScaledPool]:
+    """The config's pools over ``endpoints`` (the fleet's, in order). Pools named in
+    ``managed`` start with their first ``initial[name]`` slots ready (default: the
+    configured endpoints, within the pool's floor and ceiling), the rest off."""
+    out = []
+    for pool in config.pools:
+        slots = tuple(i for i, ep in enumerate(endpoints) if ep.pool == pool.name)
+        scaled = ScaledPool(pool.name, frozenset(pool.models), pool.price_per_gpu_hour
+                            * pool.gpus_per_replica, pool.autoscale, slots,
+                            pool.name in managed and pool.autoscale is not None,
+                            per_token=pool.per_token)
+        if scaled.managed:
+            spec = pool.autoscale
+            assert spec is not None
+            first = (initial or {}).get(pool.name, min(max(len(pool.endpoints),
+                                                           spec.min_replicas),
+                                                       spec.max_replicas))
+            scaled.state = {i: READY if k < first else OFF for k, i in enumerate(slots)}
+        out.append(scaled)
+    return out
+
+
+def observe(live: LiveFleet, pools: Sequence[ScaledPool], slo: Slo,
+            now: float) -> list[PoolState]:
+    """Each pool as the scaler sees it now (module docstring)."""
+    snap = live.snapshot(now)
+    active, health = live.column("active"), live.column("health")
+    request = _typical_request(live, pools)
+    out = []
+    for pool in pools:
+        idx = np.array(pool.slots, dtype=np.intp)
+        load = float(np.nansum(active[idx])) if len(idx) else 0.0
+        if pool.per_token:
+            out.append(PoolState(pool.name, pool.models, 0.0, 0.0, load, 0))
+            continue
+        capacity = _capacity(live, snap, idx, request, slo) if len(idx) else 0.0
+        if pool.managed:
+            ready, starting, draining = (len(pool.in_state(s))
+                                         for s in (READY, STARTING, DRAINING))
+        else:
+            ready, starting, draining = int(np.count_nonzero(health[idx] == _READY)), 0, 0
+        out.append(PoolState(pool.name, pool.models, pool.usd_per_replica_hour,
+                             capacity if math.isfinite(capacity) else 0.0, load, ready,
+                             starting, draining, pool.autoscale))
+    return out
+
+
+def changes(pool: ScaledPool, desired: int, live: LiveFleet) -> tuple[list[int], list[int]]:
+    """The slots to start and the slots to drain to bring ``pool`` to ``desired``: off ones
+    started in order; a starting one drained first (it serves nothing yet), then the ready
+    one with the fewest requests (it drains soonest)."""
+    starting, ready = pool.in_state(STARTING), pool.in_state(READY)
+    have = len(starting) + len(ready)
+    if desired > have:
+        return pool.in_state(OFF)[:desired - have], []
+    if desired < have:
+        active = live.column("active")
+        order = starting[::-1] + sorted(ready, key=lambda i: (active[i], -i))
+        return [], order[:have - desired]
+    return [], []
+
+
+def _capacity(live: LiveFleet, snap: Snapshot, idx: IntArray, request: RoutingRequest,
+              slo: Slo) -> float:
+    """One replica's SLO capacity in requests (module docstring), the median over the pool's
+    slots: the router's B_slo, and under a TPOT SLO at most what the router's prefill share
+    bound lets in: ``rate = MAX_SLO_PREFILL_SHARE / (prefill time of a typical prompt)``
+    prompts a second, each staying ``TTFT + (g - 1) x TPOT(c)`` at ``c`` running (the prior's
+    step at that batch, the learned correction, decode slowed by the prefill share), so
+    ``c = min(B_slo, rate x stay(c))``: a fixed point, reached from above in a few steps."""
+    rows = snap.live.copy()  # the prior's B_slo (corrected by k_tpot, k_ttft), not the knee
+    rows[LIVE_ROW["slo_limit"]] = np.nan
+    est = Estimates(replace(snap, live=rows), idx, request, slo)
+    caps = np.asarray(est["slo_capacity"], dtype=float)
+    if slo.tpot_s is None:
+        return float(np.median(caps))
+    n, g = float(request.prompt_tokens_estimate), float(request.max_tokens or 1)
+    col = est.column
+    rate = MAX_SLO_PREFILL_SHARE / np.maximum(col("prefill_s_per_token") * n, 1e-12)
+    b_max = np.maximum(np.floor(np.minimum(col("max_batch"), col("kv_capacity_tokens") / (n + g))),
+                       1.0)
+    slow = col("k_tpot") / (1.0 - MAX_SLO_PREFILL_SHARE)
+    ttft = np.asarray(est["ttft_s"], dtype=float)
+    c = caps
+    for _ in range(6):
+        tpot = slow * (col("step_base_s") + col("step_per_ctx_token_s") * (n + g / 2)
+                       * np.minimum(c, b_max))
+        c = np.minimum(caps, np.maximum(np.floor(rate * (ttft + (g - 1) * tpot)), 1.0))
+    return float(np.median(c))
+
+
+def _typical_request(live: LiveFleet, pools: Sequence[ScaledPool]) -> RoutingRequest:
+    prompt = float(live.column("prompt_tokens_mean")[0]) if len(live.endpoints) else math.nan
+    answer = float(live.column("output_tokens_mean")[0]) if len(live.endpoints) else math.nan
+    prompt = prompt if prompt > 0 else DEFAULT_PROMPT_TOKENS
+    answer = answer if answer > 0 else DEFAULT_MAX_TOKENS
+    model = next(iter(pools[0].models)) if pools else ""
+    return RoutingRequest(model=model, max_tokens=max(1, round(answer)),
+                          prompt_chars=4 * max(0, round(prompt) - 8))
+
+
+def scaling_slo(config: FleetConfig) -> Slo:
+    """The SLO a replica's capacity is judged under: the default policy's, else the first
+    policy's that has one (every policy of one fleet is scaled alike, so ``simulate``
+    compares policies on the same scaler)."""
+    for policy in (config.policies[config.default_policy], *config.policies.values()):
+        if policy.slo.ttft_ms or policy.slo.tpot_ms:
+            return Slo(ttft_s=policy.slo.ttft_ms / 1000 if policy.slo.ttft_ms else None,
+                       tpot_s=policy.slo.tpot_ms / 1000 if policy.slo.tpot_ms else None)
+    return Slo()

@@ -1,0 +1,96 @@
+"""The fleet scaler (``fleetgate.scaling.scaler``): allocation across pools, floors paid for
+first, the cheapest $ per unit of SLO capacity grown first, hysteresis, grouping by model."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleetgate.config.schema import AutoscaleConfig
+from fleetgate.scaling import FleetScaler, PoolState, allocate
+from fleetgate.scaling.scaler import DEMAND_WINDOW_S, groups
+
+
+def pool(name: str, usd: float, capacity: float, *, ready: int = 1, load: float = 0.0,
+         lo: int = 1, hi: int = 8, target: float = 1.0, models: str = "m", delay: float = 60.0,
+         scaled: bool = True, starting: int = 0) -> PoolState:
+    spec = AutoscaleConfig(min_replicas=lo, max_replicas=hi, target_utilization=target,
+                           scale_down_delay_s=delay) if scaled else None
+    return PoolState(name, frozenset(models.split(",")), usd, capacity, load, ready,
+                     starting, autoscale=spec)
+
+
+@pytest.mark.parametrize(("demand", "expected"), [
+    (0.0, {"cheap": 1, "dear": 1}),      # the floors
+    (20.0, {"cheap": 1, "dear": 1}),     # fits the floors (10 + 10)
+    (35.0, {"cheap": 3, "dear": 1}),     # the rest on the cheaper $ per capacity
+    (101.0, {"cheap": 8, "dear": 3}),    # cheap at its ceiling, then the dear one
+    (1000.0, {"cheap": 8, "dear": 8}),   # beyond every ceiling: every ceiling
+])
+def test_allocate_fills_the_cheapest_capacity_first(demand: float,
+                                                   expected: dict[str, int]) -> None:
+    pools = [pool("dear", 4.0, 10.0), pool("cheap", 2.0, 10.0)]
+    want, reason = allocate(pools, demand)
+    assert want == expected
+    assert reason
+
+
+def test_fixed_pools_are_paid_for_and_used_first() -> None:
+    fixed = pool("fixed", 9.0, 10.0, ready=3, scaled=False)
+    want, _ = allocate([fixed, pool("cheap", 2.0, 10.0, lo=0)], 30.0)
+    assert want == {"cheap": 0}
+    want, _ = allocate([fixed, pool("cheap", 2.0, 10.0, lo=0)], 31.0)
+    assert want == {"cheap": 1}
+
+
+def test_the_last_partial_replica_goes_where_one_covers_it_cheapest() -> None:
+    # big: $4 for 40 (0.10 $/unit), small: $1.5 for 10 (0.15 $/unit): 45 = one big + 5 more,
+    # and 5 is covered by one small replica for $1.5 rather than a second big one for $4
+    pools = [pool("big", 4.0, 40.0, lo=0), pool("small", 1.5, 10.0, lo=0)]
+    want, _ = allocate(pools, 45.0)
+    assert want == {"big": 1, "small": 1}
+    want, _ = allocate(pools, 75.0)  # 35 past one big: a second big (4) beats 4 small (6)
+    assert want == {"big": 2, "small": 0}
+
+
+def test_target_utilization_leaves_headroom() -> None:
+    want, _ = allocate([pool("p", 1.0, 10.0, target=0.5, lo=0)], 12.0)
+    assert want == {"p": 3}  # 5 a replica
+
+
+def test_pools_group_by_shared_models() -> None:
+    a, b, c = pool("a", 1, 1, models="x"), pool("b", 1, 1, models="y"), \
+        pool("c", 1, 1, models="x,y")
+    assert [[p.name for p in g] for g in groups([a, b])] == [["a"], ["b"]]
+    assert [[p.name for p in g] for g in groups([a, b, c])] == [["a", "b", "c"]]
+
+
+def test_up_at_once_down_after_the_delay_one_replica_a_tick() -> None:
+    scaler = FleetScaler()
+    busy = pool("p", 1.0, 10.0, ready=1, load=50.0, delay=60.0)
+    assert scaler.tick(0.0, [busy])["p"].desired == 5
+    t = DEMAND_WINDOW_S + 1  # the burst fills the whole demand window
+    assert scaler.tick(t, [busy])["p"].desired == 5
+    quiet = pool("p", 1.0, 10.0, ready=5, load=0.0, delay=60.0)
+    held = [scaler.tick(t + k * 5, [quiet])["p"] for k in range(1, 13)]
+    assert all(x.desired == 5 for x in held[:8])  # the last desire of 5 is < 60 s old
+    late = [scaler.tick(t + 100 + k * 5, [pool("p", 1.0, 10.0, ready=n, delay=60.0)])["p"]
+            for k, n in enumerate((5, 4, 3, 2, 1))]
+    assert [x.desired for x in late] == [4, 3, 2, 1, 1]  # one a tick, to the floor
+    assert "after 60 s lower" in late[0].reason
+
+
+def test_waiting_requests_count_once_for_their_group() -> None:
+    scaler = FleetScaler()
+    out = scaler.tick(0.0, [pool("p", 1.0, 10.0, lo=0, ready=0),
+                            pool("q", 1.0, 10.0, lo=0, ready=0, models="other")],
+                      {"m": 25.0})
+    assert out["p"].desired == 3 and out["q"].desired == 0
+
+
+def test_starting_replicas_count_as_supply_and_the_bill_is_reported() -> None:
+    scaler = FleetScaler()
+    booting = pool("p", 2.0, 10.0, ready=1, starting=2, load=30.0)
+    target = scaler.tick(0.0, [booting])["p"]
+    assert target.desired == 3 and target.current == 3  # nothing more to start
+    assert target.usd_per_hour == pytest.approx(6.0)
+    assert target.usd_per_hour_at_desired == pytest.approx(6.0)
