@@ -191,6 +191,33 @@ async def test_every_decision_is_explainable(tmp_path: Path) -> None:
                                                      "h100-mid", "h200-dear"}
 
 
+async def test_endpoints_page_and_filter_by_pool(tmp_path: Path) -> None:
+    """At thousands of endpoints the whole list holds the event loop for seconds: pages and
+    one pool's rows cost what their rows do, and the pool rows always cover the match."""
+    async with inproc_gateway(_cheapest_meeting_slo_fleet(), tmp_path) as (url, state):
+        await tick(state)
+        whole = (await _get(url + "/admin/endpoints")).json()
+        ids = [e["id"] for e in whole["endpoints"]]
+        assert whole["total"] == 4 and whole["next_offset"] is None and len(ids) == 4
+        seen, offset = [], 0
+        while offset is not None:
+            page = (await _get(url + f"/admin/endpoints?offset={offset}&limit=3")).json()
+            assert page["total"] == 4 and page["pools"] == whole["pools"]
+            seen += [e["id"] for e in page["endpoints"]]
+            offset = page["next_offset"]
+        assert seen == ids  # fleet order, each endpoint once
+        one = (await _get(url + "/admin/endpoints?pool=h100-mid")).json()
+        assert [e["id"] for e in one["endpoints"]] == ["h100-mid-0"] and one["total"] == 1
+        assert [p["pool"] for p in one["pools"]] == ["h100-mid"]
+        past = (await _get(url + "/admin/endpoints?offset=9")).json()
+        assert past["endpoints"] == [] and past["next_offset"] is None
+        none = (await _get(url + "/admin/endpoints?pool=nope")).json()
+        assert none["total"] == 0 and none["pools"] == []
+        for bad in ("limit=0", "offset=-1", "limit=x"):
+            resp = await _get(url + "/admin/endpoints?" + bad)
+            assert resp.status_code == 400 and "error" in resp.json(), bad
+
+
 async def test_invalid_reload_keeps_the_old_config_serving(tmp_path: Path) -> None:
     async with inproc_gateway(_cheapest_meeting_slo_fleet(), tmp_path) as (url, state):
         path = state.settings.config_path

@@ -6,7 +6,12 @@
   (``kv_capacity_tokens``, ``max_batch``, ``max_model_len``: the engine's report once read,
   else the prior's guess), ``reported_capacity`` (what the engine reported, null before) and
   ``prior_profile`` (the catalog profile of the prior; ``unknown-conservative`` for a model
-  the catalog does not know); then the same per pool.
+  the catalog does not know); then the same per pool. ``?pool=NAME`` keeps one pool's
+  endpoints; ``?offset=K&limit=N`` pages through them in fleet order (``total`` counts the
+  matching endpoints, ``next_offset`` is where the next page starts, null after the last):
+  a row costs the event loop ~0.3-1 ms, so at 10,000 endpoints the whole list held it for
+  seconds (BENCHMARKS.md, "Collector at scale"); a page costs what its rows do. The pool
+  rows always cover every endpoint matched and come from the live columns, not the rows.
 - ``GET /admin/decisions?limit=N&candidates=K``: the last N routing decisions, newest
   first, each with every candidate (or its best K) and their per-scorer scores and
   estimates, the rejected endpoints with the reason, the chosen endpoint and the reason.
@@ -55,12 +60,13 @@ def _state(request: Request) -> AppState:
     return state
 
 
-def endpoint_rows(state: AppState) -> list[dict[str, Any]]:
+def endpoint_rows(state: AppState, indices: range | list[int]) -> list[dict[str, Any]]:
     fleet = state.generation.fleet
     now = fleet.clock()
     shard = fleet.collector.shard if fleet.collector else None
     rows = []
-    for i, ep in enumerate(fleet.endpoints):
+    for i in indices:
+        ep = fleet.endpoints[i]
         row: dict[str, Any] = {
             "id": ep.id, "pool": ep.pool, "url": ep.url, "source": ep.source,
             "engine": ep.engine, "accelerator": ep.accelerator, "vendor": ep.vendor,
@@ -85,19 +91,26 @@ def _unit_costs(usd_per_hour: float, tokens_per_s: float | None) -> dict[str, fl
     return {"usd_per_mtok": round(per_mtok, 6), "tokens_per_usd": round(1e6 / per_mtok, 1)}
 
 
-def pool_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def pool_rows(state: AppState, indices: range | list[int]) -> list[dict[str, Any]]:
+    """Per pool over the endpoints ``indices``: counts, in-flight, measured tokens/s and
+    $/hour (an off slot bills nothing), read from the live columns (cheap at any size)."""
+    fleet = state.generation.fleet
+    live = fleet.live
+    in_flight, tokens = live.column("in_flight"), live.column("tokens_per_s")
     pools: dict[str, dict[str, Any]] = defaultdict(lambda: {
         "endpoints": 0, "ready": 0, "in_flight": 0.0, "tokens_per_s": 0.0,
         "usd_per_hour": 0.0})
-    for r in rows:
-        p = pools[r["pool"]]
-        p.update(accelerator=r["accelerator"], vendor=r["vendor"], engine=r["engine"])
+    for i in indices:
+        ep = fleet.endpoints[i]
+        p = pools[ep.pool]
+        p.update(accelerator=ep.accelerator, vendor=ep.vendor, engine=ep.engine)
+        ready = live.stats[i].health.state == "ready"
         p["endpoints"] += 1
-        p["ready"] += r["health"] == "ready"
-        p["in_flight"] += r["in_flight"] or 0.0
-        p["tokens_per_s"] += r["tokens_per_s"] or 0.0
-        if not r.get("parked") or r["health"] == "ready":  # an off slot bills nothing
-            p["usd_per_hour"] += r["price_per_gpu_hour"] * r["gpus_per_replica"]
+        p["ready"] += ready
+        p["in_flight"] += float(in_flight[i]) if in_flight[i] == in_flight[i] else 0.0
+        p["tokens_per_s"] += float(tokens[i]) if tokens[i] == tokens[i] else 0.0
+        if not live.parked[i] or ready:
+            p["usd_per_hour"] += ep.price_per_gpu_hour * ep.gpus_per_replica
     out = []
     for name, p in pools.items():
         p.update(_unit_costs(p["usd_per_hour"], p["tokens_per_s"] or None))
@@ -110,12 +123,24 @@ router = APIRouter(prefix="/admin", tags=["admin"], responses={
 
 
 @router.get("/endpoints", response_model=EndpointsReport)
-async def endpoints(request: Request) -> dict[str, Any]:
-    """Live state of every endpoint and pool."""
+async def endpoints(
+        request: Request,
+        pool: str | None = Query(None, description="only this pool's endpoints"),
+        offset: int = Query(0, ge=0, description="the first matching endpoint to list"),
+        limit: int | None = Query(None, ge=1, description="at most this many endpoint rows "
+                                  "(default: all; at thousands of endpoints, page)"),
+) -> dict[str, Any]:
+    """Live state of the endpoints (all, one pool's, or a page of them) and their pools."""
     state = _state(request)
-    rows = endpoint_rows(state)
+    fleet = state.generation.fleet
+    matched: range | list[int] = range(len(fleet.endpoints))
+    if pool is not None:
+        matched = [i for i, ep in enumerate(fleet.endpoints) if ep.pool == pool]
+    end = len(matched) if limit is None else min(offset + limit, len(matched))
     sync = state.sync
-    return {"endpoints": rows, "pools": pool_rows(rows),
+    return {"endpoints": endpoint_rows(state, matched[offset:end]),
+            "total": len(matched), "next_offset": end if end < len(matched) else None,
+            "pools": pool_rows(state, matched),
             "store_degraded": bool(state.stores and state.stores.degraded)
             or bool(sync and sync.failures),
             "replica": sync.replica_id if sync else None,
@@ -161,7 +186,8 @@ async def costs(request: Request) -> dict[str, Any]:
             except ValueError:
                 log.debug("skipping a malformed cost snapshot of replica %r", rid)
     report = telemetry_of(request).ledger.report(own, peers)
-    live = {p["pool"]: p for p in pool_rows(endpoint_rows(_state(request)))}
+    state = _state(request)
+    live = {p["pool"]: p for p in pool_rows(state, range(len(state.generation.fleet.endpoints)))}
     for row in report["pools"]:
         now = live.get(row["pool"])
         if now is not None:

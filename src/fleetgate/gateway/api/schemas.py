@@ -185,6 +185,8 @@ class PoolRow(_Open):
 
 class EndpointsReport(BaseModel):
     endpoints: list[EndpointRow]
+    total: int = Field(description="endpoints matching the query (all pages together)")
+    next_offset: int | None = Field(description="the offset of the next page; null: the last")
     pools: list[PoolRow]
     store_degraded: bool
     replica: str | None
