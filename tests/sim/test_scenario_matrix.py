@@ -1,0 +1,67 @@
+"""The scenario matrix's files (``examples/scenarios/``) and ``bench/scenarios.py``'s
+whole-replica reference.
+
+Every cell pairs a fleet with a workload it can serve under the same SLO (a cell whose
+fleet judged another SLO than its workload, or served another model, would measure
+nothing); the reference is an integer program, checked on a case with a known optimum.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from fleetgate.config.loader import load_config
+from fleetgate.sim.workload import load_workload
+
+ROOT = Path(__file__).resolve().parents[2]
+SCENARIOS = ROOT / "examples" / "scenarios"
+
+
+def _bench() -> object:
+    spec = importlib.util.spec_from_file_location("scenarios", ROOT / "bench" / "scenarios.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+BENCH = _bench()
+CELLS = BENCH.cells(yaml.safe_load((SCENARIOS / "matrix.yaml").read_text()))  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("fleet,work", sorted({(f, w) for f, w, _ in CELLS}))
+def test_every_cell_pairs_a_fleet_with_a_workload_it_serves_under_the_same_slo(
+        fleet: str, work: str) -> None:
+    config = load_config(SCENARIOS / f"{fleet}.yaml")
+    workload = load_workload(SCENARIOS / f"{work}.yaml")
+    assert workload.requests.model in {m for p in config.pools for m in p.models}
+    slo = config.policies["cost"].slo
+    assert slo is not None
+    assert (slo.ttft_ms, slo.tpot_ms) == (workload.slo.ttft_ms, workload.slo.tpot_ms)
+
+
+def test_the_matrix_has_the_fleets_and_loads_the_issue_asks_for() -> None:
+    fleets = {f for f, _, _ in CELLS}
+    assert len(fleets) >= 3 and {load for _, _, load in CELLS} >= {0.3, 0.6, 0.85}
+    gpus = {p.accelerator for f in fleets for p in load_config(SCENARIOS / f"{f}.yaml").pools}
+    assert gpus >= {"mi300x", "mi325x", "mi355x", "h100", "h200", "b200"}
+
+
+def test_whole_replicas_is_the_cheapest_set_of_whole_replicas() -> None:
+    """A: $1/h, 100 tokens/s, 3 replicas; B: $3/h, 400 tokens/s, 2. For 450 tokens/s over
+    an hour: one B and one A ($4) beats two Bs ($6) and three As cannot make it. A third
+    of a B would do in the fractional bound; whole replicas cannot split."""
+    config = SimpleNamespace(pools=[
+        SimpleNamespace(name="a", price_per_replica_hour=1.0, endpoints=[1, 2, 3]),
+        SimpleNamespace(name="b", price_per_replica_hour=3.0, endpoints=[1, 2])])
+    caps = {"a": {"tokens_per_s": 100.0}, "b": {"tokens_per_s": 400.0}}
+    whole = BENCH.whole_replicas  # type: ignore[attr-defined]
+    tokens = 450.0 * 3600
+    assert whole(config, caps, tokens, 3600.0) == pytest.approx(4.0 / tokens * 1e6, rel=1e-5)
+    assert whole(config, caps, 2000.0 * 3600, 3600.0) is None  # more than every replica
+    assert whole(config, caps, None, 3600.0) is None
