@@ -70,9 +70,10 @@ def run_cell(fleet: str, work: str, load: float, policies: list[str], seed: int,
     rate = round(load * capacity, 3)
     t0 = time.perf_counter()
     report = simulate(config, at(rate), policies, None, seed).as_json()
-    # The bound's capacities are measured again on the cell's own requests (another sample
-    # of the same shapes; a replica's 99% capacity moves with the sample's tail, BENCHMARKS.md):
-    # the row says what share of those the rate is, and ``whole`` uses them as the bound does.
+    # The bound's capacities are measured again on the cell's own requests: another sample of
+    # the same shapes, and a 99% capacity probed with 1,500 requests moves by up to ~20% from
+    # sample to sample (BENCHMARKS.md). The row says what share of those the rate is, and
+    # ``whole`` uses them, as the bound does.
     measured = report["capacity"]
     bound_rps = sum(measured[p.name]["rate_per_s"] * len(p.endpoints) for p in config.pools
                     if p.name in measured)
