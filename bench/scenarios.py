@@ -59,17 +59,14 @@ def run_cell(fleet: str, work: str, load: float, policies: list[str], seed: int,
 
     config = load_config(Path(directory) / f"{fleet}.yaml")
     workload = load_workload(Path(directory) / f"{work}.yaml")
-
-    def at(rate: float) -> Any:
-        return workload.model_copy(update={
-            "arrivals": workload.arrivals.model_copy(update={"rate_per_s": rate})})
-
     requests, _ = workload_requests(workload, seed, None)
     caps = pool_capacities(config, workload_mix(workload, requests), seed)
     capacity = sum(caps[p.name].rate_per_s * len(p.endpoints) for p in config.pools)
     rate = round(load * capacity, 3)
     t0 = time.perf_counter()
-    report = simulate(config, at(rate), policies, None, seed).as_json()
+    arrivals = workload.arrivals.model_copy(update={"rate_per_s": rate})
+    workload = workload.model_copy(update={"arrivals": arrivals})
+    report = simulate(config, workload, policies, None, seed).as_json()
     # The bound's capacities are measured again on the cell's own requests: another sample of
     # the same shapes, and a 99% capacity probed with 1,500 requests moves by up to ~20% from
     # sample to sample (BENCHMARKS.md). The row says what share of those the rate is, and

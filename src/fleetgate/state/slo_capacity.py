@@ -62,8 +62,8 @@ MIN_SEEN = 5.0  # results before a bin is judged at all
 MIN_EXPLORE = 200.0  # results at the highest load before the next bin is tried
 UNFIT_FLOOR = 0.015  # a class missing more than this even at light load has no learned
 # capacity (0: the router keeps the prior's B_slo, estimate.py); capping it at one request
-# instead shed 8,274 requests on nvidia-cheap at 60% (40.95% within the SLO), where the H100
-# class's light-load misses come from the prefill share it is packed to (BENCHMARKS.md)
+# instead shed 8,274 requests on nvidia-cheap at 60% (40.95% within the SLO), whose H100 and
+# MI355X classes miss over 1.5% at light load under the cost router (BENCHMARKS.md, issue 22)
 MIN_RESULTS = 100  # judged results before a class has a learned capacity
 BIN_MEMORY = 4000.0
 FORGET_S = 120.0
