@@ -89,3 +89,33 @@ def test_plan_writes_a_fleet_the_gateway_loads(tmp_path: Path) -> None:
     assert {p.accelerator for p in config.pools} <= {"h100", "mi300x"}
     assert any(p.price_per_gpu_hour == 2.2 for p in config.pools if p.accelerator == "h100") \
         or all(p.accelerator == "mi300x" for p in config.pools)
+
+
+def test_probe_requests_set_the_capacity_probe_and_are_checked(tmp_path: Path,
+                                                                monkeypatch) -> None:
+    """--probe-requests reaches every capacity probe of the bound (a larger probe halves the
+    99% capacity's noise, BENCHMARKS.md); the default is the module's; too few is refused."""
+    import inspect
+
+    from fleetgate.sim import capacity
+
+    default = inspect.signature(simulate).parameters["probe_requests"].default
+    assert default == capacity.PROBE_REQUESTS
+    assert inspect.signature(plan).parameters["probe_requests"].default == default
+    sizes: list[int] = []
+    drive = capacity.drive
+    monkeypatch.setattr(capacity, "drive", lambda replica, arrivals, *rest: (
+        sizes.append(len(arrivals)), drive(replica, arrivals, *rest))[1])
+    capacity._MEMO.clear()  # a capacity memoised by another test would not be probed again
+    out = tmp_path / "sim.json"
+    result = CliRunner().invoke(app, [
+        "simulate", "--config", str(EXAMPLES / "mixed-fleet.yaml"), "--workload",
+        str(EXAMPLES / "chat-workload.yaml"), "--policies", "round_robin", "--duration", "10",
+        "--json", str(out), "--probe-requests", "400", "--jobs", "1"])  # probed here
+    assert result.exit_code == 0, result.output
+    assert sizes and set(sizes) == {400}
+    assert orjson.loads(out.read_bytes())["lower_bound"]["usd"] is not None
+    for cmd in (["simulate", "--config", str(EXAMPLES / "mixed-fleet.yaml")], ["plan"]):
+        bad = CliRunner().invoke(app, [*cmd, "--workload", str(EXAMPLES / "chat-workload.yaml"),
+                                       "--probe-requests", "10"])
+        assert bad.exit_code == 1 and "--probe-requests must be at least 200" in bad.output

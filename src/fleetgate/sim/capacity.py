@@ -68,6 +68,7 @@ class Mix:
     prefix_groups: tuple[int, ...] = ()  # per shape (-1: none); empty: no shared prefixes
     prefix_tokens: int = 0  # a group's shared prefix (counted in ``prompt_tokens``)
     groups_seen: int = 1  # the groups the measured replica serves (module docstring)
+    probe_requests: int = PROBE_REQUESTS  # a probe's requests (more: less noise, more time)
 
     @property
     def mean_output(self) -> float:
@@ -133,7 +134,9 @@ def drive(replica: SimReplica, arrivals: npt.NDArray[np.float64], prompts: list[
 
 
 def probe(factory: Callable[[], EngineSim], mix: Mix, rate: float, seed: int,
-          n: int = PROBE_REQUESTS, speed: float = 1.0) -> Probe:
+          n: int | None = None, speed: float = 1.0) -> Probe:
+    """One replica at ``rate`` for ``n`` requests (default: the mix's ``probe_requests``)."""
+    n = mix.probe_requests if n is None else n
     rng = np.random.default_rng(seed)
     shape = 1.0 / mix.cv**2
     gaps = rng.gamma(shape, 1.0 / (rate * shape), n)
@@ -226,7 +229,8 @@ def replica_capacities(calls: Sequence[CapacityCall],
 
 def sample_mix(prompts: npt.NDArray[np.int64], outputs: npt.NDArray[np.int64], ttft_s: float,
                tpot_s: float, cv: float = 1.0, size: int = 4000,
-               groups: npt.NDArray[np.int64] | None = None, prefix_tokens: int = 0) -> Mix:
+               groups: npt.NDArray[np.int64] | None = None, prefix_tokens: int = 0,
+               probe_requests: int = PROBE_REQUESTS) -> Mix:
     """A fixed-size, evenly strided sample of the workload's request shapes (``groups``:
     each request's prefix group, -1 none; ``prefix_tokens``: a group's shared prefix)."""
     step = max(1, math.ceil(len(prompts) / size))
@@ -234,4 +238,5 @@ def sample_mix(prompts: npt.NDArray[np.int64], outputs: npt.NDArray[np.int64], t
     if groups is not None and prefix_tokens > 0 and bool((groups >= 0).any()):
         sampled = tuple(int(v) for v in groups[::step])
     return Mix(tuple(int(v) for v in prompts[::step]), tuple(int(v) for v in outputs[::step]),
-               ttft_s, tpot_s, cv, sampled, prefix_tokens if sampled else 0)
+               ttft_s, tpot_s, cv, sampled, prefix_tokens if sampled else 0,
+               probe_requests=probe_requests)

@@ -55,7 +55,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from fleetgate.config.schema import FleetConfig
 from fleetgate.sim.arrivals import RequestSet
 from fleetgate.sim.candidates import Candidate, Measured, PriceSheet, candidates
-from fleetgate.sim.capacity import TARGET
+from fleetgate.sim.capacity import PROBE_REQUESTS, TARGET
 from fleetgate.sim.parallel import Runner
 from fleetgate.sim.run import policy_summary, workload_mix, workload_requests
 from fleetgate.sim.summary import sig
@@ -300,18 +300,21 @@ def break_even(gpu: str, rows: list[Candidate], demand: float) -> tuple[float | 
 
 def plan(workload: Workload, sheet: PriceSheet, gpus: list[str], seed: int = 1,
          duration_s: float | None = None, target: float = TARGET,
-         measured: Measured | None = None, runner: Runner | None = None) -> dict[str, Any]:
+         measured: Measured | None = None, runner: Runner | None = None,
+         probe_requests: int = PROBE_REQUESTS) -> dict[str, Any]:
     """The plan's JSON (``plan --json``); simulations run as ``runner``'s tasks (a started
-    one; by default one after the other in this process)."""
+    one; by default one after the other in this process); each candidate's capacity is
+    probed with ``probe_requests`` requests a rate."""
     if runner is None:
         with Runner(1, quiet=True) as own:
-            return plan(workload, sheet, gpus, seed, duration_s, target, measured, own)
+            return plan(workload, sheet, gpus, seed, duration_s, target, measured, own,
+                        probe_requests)
     if workload.requests is None and workload.trace_path() is None:
         raise ValueError("the workload says nothing about its requests")
     requests, duration = workload_requests(workload, seed, duration_s)
     model = workload.requests.model if workload.requests else requests.models[0]
-    rows = candidates(model, gpus, sheet, workload_mix(workload, requests), seed, measured,
-                      runner)
+    rows = candidates(model, gpus, sheet, workload_mix(workload, requests, probe_requests), seed,
+                      measured, runner)
     if not rows:
         raise ValueError(f"none of {gpus} can hold {model}")
     demand = design_rate(workload, requests, duration)

@@ -31,7 +31,14 @@ import orjson
 from fleetgate.config.schema import FleetConfig
 from fleetgate.sim.arrivals import DEFAULT_DURATION_S, RequestSet, generate
 from fleetgate.sim.bound import BIN_S, PoolCapacity, lower_bound, provisioned_bound
-from fleetgate.sim.capacity import TARGET, Capacity, Mix, replica_capacities, sample_mix
+from fleetgate.sim.capacity import (
+    PROBE_REQUESTS,
+    TARGET,
+    Capacity,
+    Mix,
+    replica_capacities,
+    sample_mix,
+)
 from fleetgate.sim.fleet import SimFleet, build_fleet, emulator_config, source_speed
 from fleetgate.sim.loop import Simulation
 from fleetgate.sim.outcomes import Outcomes
@@ -87,7 +94,8 @@ def workload_requests(workload: Workload, seed: int,
     return read.requests.until(duration), duration
 
 
-def workload_mix(workload: Workload, requests: RequestSet) -> Mix:
+def workload_mix(workload: Workload, requests: RequestSet,
+                 probe_requests: int = PROBE_REQUESTS) -> Mix:
     """The request shapes and SLO a replica's capacity is measured on, with each sampled
     request's prefix group (the probe then hits the replica's prefix cache as a fleet would,
     capacity.py). Arrivals are Poisson whatever the workload's process: one replica's share
@@ -95,7 +103,8 @@ def workload_mix(workload: Workload, requests: RequestSet) -> Mix:
     the whole stream is judged where it matters, by simulating the fleet."""
     return sample_mix(requests.prompt_tokens, requests.output_tokens,
                       workload.slo.ttft_ms / 1000, workload.slo.tpot_ms / 1000,
-                      groups=requests.prefix_group, prefix_tokens=requests.prefix_tokens)
+                      groups=requests.prefix_group, prefix_tokens=requests.prefix_tokens,
+                      probe_requests=probe_requests)
 
 
 def pool_capacities(config: FleetConfig, mix: Mix, seed: int, target: float = TARGET,
@@ -130,19 +139,20 @@ def policy_summary(config: FleetConfig, workload: Workload, requests: RequestSet
 
 def simulate(config: FleetConfig, workload: Workload, policies: list[str] | None = None,
              duration_s: float | None = None, seed: int = 1,
-             runner: Runner | None = None) -> Report:
+             runner: Runner | None = None, probe_requests: int = PROBE_REQUESTS) -> Report:
     """Every policy over the same requests, each a task of ``runner`` (a started one; by
-    default one after the other in this process)."""
+    default one after the other in this process); the bound's capacities are probed with
+    ``probe_requests`` requests a rate."""
     if runner is None:
         with Runner(1, quiet=True) as own:
-            return simulate(config, workload, policies, duration_s, seed, own)
+            return simulate(config, workload, policies, duration_s, seed, own, probe_requests)
     names = policies or list(config.policies)
     unknown = [p for p in names if p not in config.policies]
     if unknown:
         raise ValueError(f"policies not in the fleet config: {', '.join(unknown)} "
                          f"(it has: {', '.join(config.policies)})")
     requests, duration = workload_requests(workload, seed, duration_s)
-    mix = workload_mix(workload, requests)
+    mix = workload_mix(workload, requests, probe_requests)
     futures = [runner.submit(name, policy_run, config, workload, requests, name, seed,
                              duration) for name in names]
     capacities = pool_capacities(config, mix, seed, runner=runner)
