@@ -112,6 +112,7 @@ import numpy as np
 from fleetgate.routing.compiled import compiled
 from fleetgate.routing.types import (
     CHUNK_TOKENS,
+    HEALTH_CODES,
     LIVE_ROW,
     STATIC_ROW,
     BoolArray,
@@ -201,9 +202,10 @@ def prior_tpot(static: FloatArray, i: int, prompt_tokens: float, output_tokens: 
 
 @compiled
 def _kernel(live: FloatArray, static: FloatArray, live_in: IntArray, static_in: IntArray,
-            idx: IntArray, n_sent: float, g: float, hits: FloatArray, tpot_limit: float,
-            ttft_limit: float, out: FloatArray, meets: BoolArray) -> None:
-    """The module docstring's formulas for candidates ``idx``, one pass (compiled by numba).
+            idx: IntArray, rows: IntArray, n_sent: float, g: float, hits: FloatArray,
+            tpot_limit: float, ttft_limit: float, out: FloatArray, meets: BoolArray) -> None:
+    """The module docstring's formulas for candidates ``idx``, one pass (compiled by numba):
+    candidate j's static column is ``idx[j]``, its live one ``rows[j]``.
 
     Limits are the SLO times the headroom, +inf without that SLO (then not compared, so an
     unknown prediction does not fail an SLO nobody set).
@@ -214,24 +216,24 @@ def _kernel(live: FloatArray, static: FloatArray, live_in: IntArray, static_in: 
     ctx = n_sent + g / 2
     full = n_sent + g
     for j in range(idx.shape[0]):
-        i = idx[j]
+        i, r = idx[j], rows[j]
         if static[static_in[6], i] > 0:  # a hosted API priced per token
-            _hosted(live, static, live_in, static_in, i, j, n_sent, g, tpot_limit, ttft_limit,
-                    out, meets)
+            _hosted(live, static, live_in, static_in, i, r, j, n_sent, g, tpot_limit,
+                    ttft_limit, out, meets)
             continue
         n = max(n_sent - hits[j], 1.0) if hits.shape[0] else n_sent  # what it must prefill
-        slow = _prefill_slowdown(live[prefill_rate_r, i], static[prefill_r, i])
-        active, k_tpot = live[active_r, i], live[k_tpot_r, i]
+        slow = _prefill_slowdown(live[prefill_rate_r, r], static[prefill_r, i])
+        active, k_tpot = live[active_r, r], live[k_tpot_r, r]
         base, ctx_cost, cap = static[base_r, i], static[per_ctx_r, i] * ctx, static[kv_cap_r, i]
         b_max = _batch_limit(static[max_batch_r, i], cap, full)
         tpot = k_tpot * slow * (base + ctx_cost * min(active + 1.0, b_max))
         wait = np.floor(active / b_max) * tpot * g
-        prefill = static[prefill_r, i] * n * (live[queued_r, i] + 1.0)
-        steps = n * (live[queued_r, i] + 1.0) / PREFILL_STEP_TOKENS  # that share decodes' steps
-        ttft = live[k_ttft_r, i] * (base + prefill + wait) + steps * tpot
-        typical = live[typ_n_r, i] if live[typ_n_r, i] > 0 else n  # NaN: nothing sent yet
-        answer = live[typ_g_r, i] if live[typ_g_r, i] > 0 else DEFAULT_MAX_TOKENS
-        short = live[short_r, i] if live[short_r, i] > 0 else g
+        prefill = static[prefill_r, i] * n * (live[queued_r, r] + 1.0)
+        steps = n * (live[queued_r, r] + 1.0) / PREFILL_STEP_TOKENS  # that share decodes' steps
+        ttft = live[k_ttft_r, r] * (base + prefill + wait) + steps * tpot
+        typical = live[typ_n_r, r] if live[typ_n_r, r] > 0 else n  # NaN: nothing sent yet
+        answer = live[typ_g_r, r] if live[typ_g_r, r] > 0 else DEFAULT_MAX_TOKENS
+        short = live[short_r, r] if live[short_r, r] > 0 else g
         per_seq = (static[per_ctx_r, i] * (typical + answer / 2)
                    + static[prefill_r, i] * typical / answer)
         batch = b_max
@@ -243,17 +245,17 @@ def _kernel(live: FloatArray, static: FloatArray, live_in: IntArray, static_in: 
             batch = min(max(np.floor(room / per_seq), 0.0), b_max)
             if batch < 1.0 and k_tpot * (base + ctx_cost) <= tpot_limit:
                 batch = 1.0  # it meets the SLO alone: one at a time
-        limit = live[limit_r, i]
+        limit = live[limit_r, r]
         learned = limit > 0 and (tpot_limit < np.inf or ttft_limit < np.inf)
         if learned:  # the class's measured capacity (nothing to a policy without an SLO)
             limit = min(max(np.floor(limit), 1.0), b_max)
-            batch = (limit if live[knee_r, i] > 0
+            batch = (limit if live[knee_r, r] > 0
                      else min(max(limit, batch), batch * LEARNED_GROWTH))
-        rate = live[prefill_rate_r, i] if live[prefill_rate_r, i] > 0 else 0.0
+        rate = live[prefill_rate_r, r] if live[prefill_rate_r, r] > 0 else 0.0
         share = (rate + n / PREFILL_TAU_S) * static[prefill_r, i]  # with this prompt
         within = active + 1.0 <= batch and (tpot_limit == np.inf
                                             or share <= MAX_SLO_PREFILL_SHARE)
-        usage = live[kv_usage_r, i]
+        usage = live[kv_usage_r, r]
         if np.isnan(usage):
             usage = min(active * ctx / cap, 1.0)
         out[0, j] = b_max
@@ -274,22 +276,22 @@ def _kernel(live: FloatArray, static: FloatArray, live_in: IntArray, static_in: 
         if batch > 0:
             fixed = k_tpot * g * base / min(active + 1.0, batch)
             out[9, j] = usd * (k_tpot * g * slow * ctx_cost
-                               + live[k_ttft_r, i] * static[prefill_r, i] * n + fixed)
+                               + live[k_ttft_r, r] * static[prefill_r, i] * n + fixed)
         else:
             out[9, j] = np.inf
 
 
 @compiled
 def _hosted(live: FloatArray, static: FloatArray, live_in: IntArray, static_in: IntArray,
-            i: int, j: int, n: float, g: float, tpot_limit: float, ttft_limit: float,
-            out: FloatArray, meets: BoolArray) -> None:
+            i: int, r: int, j: int, n: float, g: float, tpot_limit: float,
+            ttft_limit: float, out: FloatArray, meets: BoolArray) -> None:
     """The kernel's rows for a hosted API (the module docstring's last paragraph)."""
-    active, cap = live[live_in[0], i], static[static_in[4], i]
-    tpot = live[live_in[3], i] * static[static_in[0], i]
-    ttft = live[live_in[4], i] * static[static_in[9], i]
+    active, cap = live[live_in[0], r], static[static_in[4], i]
+    tpot = live[live_in[3], r] * static[static_in[0], i]
+    ttft = live[live_in[4], r] * static[static_in[9], i]
     usd_in, usd_out = static[static_in[7], i], static[static_in[8], i]
-    typical = live[live_in[8], i] if live[live_in[8], i] > 0 else n
-    answer = live[live_in[9], i] if live[live_in[9], i] > 0 else DEFAULT_MAX_TOKENS
+    typical = live[live_in[8], r] if live[live_in[8], r] > 0 else n
+    answer = live[live_in[9], r] if live[live_in[9], r] > 0 else DEFAULT_MAX_TOKENS
     timely = ((tpot_limit == np.inf or tpot <= tpot_limit)
               and (ttft_limit == np.inf or ttft <= ttft_limit))
     room = active + 1.0 <= cap
@@ -331,12 +333,22 @@ class Estimates:
 
     The prefilter is one compiled call and the context check one numpy comparison; every
     estimate comes from one kernel call the first time any of them is read (round-robin
-    decisions never pay for it).
+    decisions never pay for it). On a shared snapshot (the fleet's own rows, not a copy:
+    ``Snapshot.shared``) the candidates' rows are copied first, so what is computed later
+    (an estimate asked after the decision, an explanation) reads the decision's instant.
     """
 
     def __init__(self, snap: Snapshot, idx: IntArray, req: RoutingRequest, slo: Slo) -> None:
         self._snap, self._idx = snap, idx
+        self._static = snap.static  # immutable (copied on write by LiveFleet)
+        if snap.shared:
+            self._live = np.take(snap.live, idx, axis=1)
+            self._live.setflags(write=False)  # as a snapshot's (numba compiles per flavour)
+            self._rows: IntArray = np.arange(len(idx))  # candidate -> its column in _live
+        else:
+            self._live, self._rows = snap.live, idx
         self._whole = len(idx) == len(snap.endpoints)
+        self._aligned = self._whole or snap.shared  # _live's rows line up with idx
         self._now = snap.taken_at
         self._n = float(req.prompt_tokens_estimate)
         self._g = float(req.max_tokens or DEFAULT_MAX_TOKENS)
@@ -366,14 +378,28 @@ class Estimates:
 
     def column(self, name: str) -> FloatArray:
         """A live or static column of the snapshot, aligned with the candidates."""
-        col = self._snap.col(name)
-        return col if self._whole else col[self._idx]
+        row = LIVE_ROW.get(name)
+        if row is None:
+            col = self._static[STATIC_ROW[name]]
+            return col if self._whole else col[self._idx]
+        if row >= len(self._live):
+            raise KeyError(f"{name!r} is not in a snapshot (ROUTED_COLUMNS); "
+                           "read LiveFleet.column")
+        return self._live[row] if self._aligned else self._live[row][self._rows]
 
     def prefilter(self) -> tuple[BoolArray, int]:
         """The builtin prefilter (ready or pending, breakers closed, state fresh): the mask of
         candidates that pass and how many do."""
         ok = np.empty(len(self._idx), dtype=bool)
-        return ok, _usable(self._snap.live, _USABLE_IN, self._idx, self._now, ok)
+        return ok, _usable(self._live, _USABLE_IN, self._rows, self._now, ok)
+
+    def unusable_reason(self, k: int) -> str:
+        """Why the builtin prefilter drops candidate ``k``."""
+        if self.column("health")[k] == HEALTH_CODES["not_ready"]:
+            return "not ready"
+        if self.column("usable_from")[k] > self._now:
+            return "breaker open"
+        return "state stale"
 
     @lazy
     def fits_context(self) -> BoolArray:
@@ -401,8 +427,8 @@ class Estimates:
         meets = np.empty(len(idx), dtype=bool)
         tpot, ttft = self.slo.tpot_s, self.slo.ttft_s
         hits = self.prefix_chunks[positions] * CHUNK_TOKENS if self._hashes else _NO_HITS
-        _kernel(self._snap.live, self._snap.static, _LIVE_IN, _STATIC_IN, idx, self._n,
-                self._g, hits, np.inf if tpot is None else SLO_HEADROOM * tpot,
+        _kernel(self._live, self._static, _LIVE_IN, _STATIC_IN, idx, self._rows[positions],
+                self._n, self._g, hits, np.inf if tpot is None else SLO_HEADROOM * tpot,
                 np.inf if ttft is None else SLO_HEADROOM * ttft, out, meets)
         return out, meets
 
@@ -439,7 +465,7 @@ def _warm_up() -> None:
         matrix.setflags(write=False)
     one = np.zeros(1, dtype=np.intp)
     for hits in (np.zeros(0), np.zeros(1)):
-        _kernel(live, static, _LIVE_IN, _STATIC_IN, one, 1.0, 1.0, hits, 1.0, np.inf,
+        _kernel(live, static, _LIVE_IN, _STATIC_IN, one, one, 1.0, 1.0, hits, 1.0, np.inf,
                 np.empty((len(KERNEL_ROWS), 1)), np.empty(1, dtype=bool))
     _usable(live, _USABLE_IN, one, 0.0, np.empty(1, dtype=bool))
 

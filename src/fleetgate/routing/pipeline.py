@@ -8,7 +8,9 @@ the policy's filters -> weighted scorers, each in [0,1] -> a picker that puts th
 columns (numpy, or a compiled loop) and keeps its mask, so why an endpoint was dropped is
 only worked out when someone asks (``Decision``).
 
-Strategy presets and the SLO modes are data in ``strategies.py``.
+Strategy presets and the SLO modes are data in ``strategies.py``. A model served by more
+than ``SHORTLIST_FROM`` endpoints is decided over a shortlist of them (``shortlist.py``),
+and over all of them when none of the shortlist is eligible.
 
 May touch: numpy, routing plugins and types. Must not touch: I/O, asyncio, clocks.
 """
@@ -25,6 +27,7 @@ from fleetgate.routing.adapters import adapter_stage, is_adapter
 from fleetgate.routing.estimate import Estimates, Slo
 from fleetgate.routing.plugins import Bound, ScoringInput
 from fleetgate.routing.plugins.base import normalise_min_over
+from fleetgate.routing.shortlist import SHORTLIST_FROM, Shortlist
 from fleetgate.routing.strategies import SloMode
 from fleetgate.routing.types import PREFILTER, Decision, RoutingRequest, Snapshot
 
@@ -38,16 +41,30 @@ class Pipeline:
     slo: Slo = field(default_factory=Slo)
     slo_mode: SloMode = "ignore"
     max_attempts: int = 3
+    seed: int | None = None  # the shortlist's shuffles
     _weights: list[float] = field(init=False, repr=False)  # scorer weights over their sum
+    _shortlist: Shortlist = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         weight = sum(s.weight for s in self.scorers)
         self._weights = [s.weight / weight for s in self.scorers] if weight > 0 else []
+        self._shortlist = Shortlist(self.seed)
+        self._sticky = any(s.name == "affinity" for s in self.scorers)
 
     def route(self, req: RoutingRequest, snap: Snapshot) -> Decision:
         idx = snap.by_model.get((req.model, req.api))
         if idx is None or not len(idx):
             return Decision(self.name, req.model, "no endpoint serves the model", snap.endpoints)
+        if len(idx) <= SHORTLIST_FROM:
+            return self._route(req, snap, idx)
+        decision = self._route(req, snap, self._shortlist.pick(snap, req, idx, self._sticky))
+        if not len(decision.order):  # nothing eligible in view: look at every endpoint
+            decision = self._route(req, snap, idx)
+        if len(decision.order):
+            self._shortlist.chose(req, int(decision.idx[decision.order[0]]))
+        return decision
+
+    def _route(self, req: RoutingRequest, snap: Snapshot, idx: Any) -> Decision:
         est = Estimates(snap, idx, req, self.slo)
         alive, left = est.prefilter()
         count = len(idx)
@@ -73,15 +90,14 @@ class Pipeline:
             limit = context_limit(req, est.column("max_model_len"))
             return Decision(self.name, req.model, "no eligible endpoint" if limit is None else
                             "the request exceeds every endpoint's context", snap.endpoints, idx,
-                            stages=tuple(stages), estimates=est, alive=alive, snapshot=snap,
+                            stages=tuple(stages), estimates=est, alive=alive,
                             context_limit=limit, adapter=adapter)
         scores = {s.name: s(inp) for s in self.scorers}
         total, reason, over = self._total(scores, est, alive, left)
         rank = total if left == count else np.where(alive, total, -np.inf)
         order = self.picker.order(rank, min(self.max_attempts, left))
         return Decision(self.name, req.model, reason, snap.endpoints, idx, order, total, scores,
-                        est, tuple(stages), alive, over, snap, adapter=adapter,
-                        load_adapter=load)
+                        est, tuple(stages), alive, over, adapter=adapter, load_adapter=load)
 
     def _total(self, scores: dict[str, Any], est: Estimates, alive: Any,
                left: int) -> tuple[Any, str, bool]:

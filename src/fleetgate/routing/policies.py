@@ -136,4 +136,4 @@ def build_pipeline(name: str, policy: PolicyConfig, seed: int | None = None) -> 
               tpot_s=policy.slo.tpot_ms / 1000 if policy.slo.tpot_ms else None)
     return Pipeline(name=name, picker=PICKERS[picker_name](seed), filters=filters,
                     scorers=scorers, slo=slo, slo_mode=preset.slo_mode,
-                    max_attempts=policy.max_attempts)
+                    max_attempts=policy.max_attempts, seed=seed)

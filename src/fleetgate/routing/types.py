@@ -175,6 +175,10 @@ class PrefixLookup(Protocol):
         it holds."""
         ...
 
+    def holders(self, hashes: Sequence[int], limit: int) -> list[int]:
+        """Up to ``limit`` endpoints holding the most leading ``hashes``, deepest first."""
+        ...
+
 
 # The live rows a decision reads (and a snapshot copies), then the ones it does not.
 ROUTED_COLUMNS = ("active", "queued", "kv_usage", "k_tpot", "k_ttft", "prefill_tokens_per_s",
@@ -227,6 +231,10 @@ class Snapshot:
     taken_at: float = 0.0
     prefix: PrefixLookup | None = None  # the live prefix index, read only (see the class doc)
     adapters: AdapterView | None = None  # who holds which LoRA adapter (None: no adapters)
+    # ``live`` is the fleet's own rows (read-only), not a copy: in a fleet of thousands the
+    # copy would cost more than the decision; the estimates copy their candidates' rows
+    # (``routing/estimate.py``), so a decision still keeps what it was made on
+    shared: bool = False
 
     def col(self, name: str) -> Any:
         row = LIVE_ROW.get(name)
@@ -237,14 +245,6 @@ class Snapshot:
                            "read LiveFleet.column")
         return self.live[row]
 
-    def unusable_reason(self, i: int) -> str:
-        """Why the builtin prefilter drops endpoint ``i`` at ``taken_at``."""
-        if self.live[LIVE_ROW["health"], i] == HEALTH_CODES["not_ready"]:
-            return "not ready"
-        if self.live[LIVE_ROW["usable_from"], i] > self.taken_at:
-            return "breaker open"
-        return "state stale"
-
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
@@ -253,7 +253,7 @@ class Candidate:
     scores: Mapping[str, float] = field(default_factory=dict)
 
 
-PREFILTER = "prefilter"  # the builtin stage; its reasons are read from the snapshot
+PREFILTER = "prefilter"  # the builtin stage; its reasons are read from the estimates
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,7 +279,6 @@ class Decision:
     stages: tuple[tuple[str, BoolArray], ...] = ()  # (PREFILTER or "filter <name>", kept)
     alive: BoolArray | None = None  # candidates that passed every filter
     over_capacity: bool = False  # the policy has an SLO and no candidate can meet it now
-    snapshot: Snapshot | None = None
     # The request fits the context of no endpoint serving the model, healthy or not (a client
     # error, not a lack of capacity): the largest context there is. None: it fits one.
     context_limit: int | None = None
@@ -301,8 +300,8 @@ class Decision:
         for why, keep in self.stages:
             for k in np.flatnonzero(kept & ~keep):
                 i = int(self.idx[k])
-                out[self.endpoints[i].id] = (self.snapshot.unusable_reason(i)
-                                             if why == PREFILTER and self.snapshot else why)
+                out[self.endpoints[i].id] = (self.estimates.unusable_reason(int(k))
+                                             if why == PREFILTER and self.estimates else why)
             kept &= keep
         return out
 

@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from fleetgate.routing.estimate import PREFILL_TAU_S, prior_tpot
+from fleetgate.routing.shortlist import SHORTLIST_FROM
 from fleetgate.routing.types import (
     HEALTH_CODES,
     LIVE_COLUMNS,
@@ -145,10 +146,11 @@ class LiveFleet:
 
     # -- reading -------------------------------------------------------------------------
     def snapshot(self, now: float) -> Snapshot:
-        live = self._live[:_ROUTED].copy()
+        shared = len(self.endpoints) > SHORTLIST_FROM  # Snapshot.shared: no copy of 1 MB+
+        live = self._live[:_ROUTED] if shared else self._live[:_ROUTED].copy()
         live.setflags(write=False)  # no plugin can change what a decision was made on
         return Snapshot(self.endpoints, self._by_model, live, self._static, now, self.prefix,
-                        self.adapters.view())
+                        self.adapters.view(), shared)
 
     def column(self, name: str) -> Any:
         """A copy of one live or static column now (for metrics and tests)."""

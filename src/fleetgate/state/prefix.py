@@ -9,7 +9,8 @@ is a routing hint, never a promise.
 
 ``record(i, hashes)`` on every dispatch (``Attempt.start``, the simulator's ``_try_next``);
 ``matched(hashes, count)`` for the ``prefix_cache`` scorer: how many leading chunks each
-endpoint holds. A chunk's owners are a bit set (one Python int, bit i = endpoint i), so a
+endpoint holds; ``holders(hashes, limit)``: the endpoints holding the most of them. A
+chunk's owners are a bit set (one Python int, bit i = endpoint i), so a
 lookup is one dict read and one AND per matched chunk, however many endpoints there are.
 A prompt's chunks are recorded tail first, so its head is the most recently used and is
 evicted last: an endpoint that holds chunk i holds chunks 0..i-1 too (as a radix tree
@@ -76,6 +77,29 @@ class PrefixIndex:
                     out[i] = depth
                 gone ^= low
             held = now
+        return out
+
+    def holders(self, hashes: Sequence[int], limit: int) -> list[int]:
+        """Up to ``limit`` endpoints holding the most leading ``hashes``, deepest first (the
+        shortlist's, ``routing/shortlist.py``: one walk down the chunks, bits read only at
+        the end)."""
+        levels = []
+        held = self._owners.get(hashes[0], 0) if hashes else 0
+        while held:
+            levels.append(held)
+            depth = len(levels)
+            held = self._owners.get(hashes[depth], 0) & held if depth < len(hashes) else 0
+        out: list[int] = []
+        taken = 0
+        for held in reversed(levels):  # each level holds the deeper ones too
+            fresh = held & ~taken
+            taken |= held
+            while fresh and len(out) < limit:
+                low = fresh & -fresh
+                out.append(low.bit_length() - 1)
+                fresh ^= low
+            if len(out) >= limit:
+                break
         return out
 
     def resize(self, i: int, kv_capacity_tokens: float) -> None:
