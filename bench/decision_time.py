@@ -2,12 +2,12 @@
 
 Builds a LiveFleet of N endpoints over the six GPU types with random load, then times
 ``snapshot(now)`` + ``route(request, snapshot)`` per strategy: the full cost of one routing
-decision on the request path (numba's kernels are compiled at import, before timing).
-10 interleaved rounds of 300 decisions per strategy (``--rounds``, ``--per-round``);
-p50/p90/p99 over all 3,000, and the median of the quickest round (what the code costs when
-the shared VM is not slowed by its neighbours: the "min of repeats" of timeit). Pure CPU,
-one process; prints a markdown table and this machine's speed before and after (a numpy
-add of 1,000 floats).
+decision on the request path (numba's kernels are compiled at import, before timing; above
+2,048 endpoints a decision looks at a shortlist of them). 10 interleaved rounds of 300
+decisions per strategy (``--rounds``, ``--per-round``); p50/p90/p99 over all 3,000, and
+the median of the quickest round (what the code costs when the shared VM is not slowed by
+its neighbours: the "min of repeats" of timeit). Pure CPU, one process; prints a markdown
+table and this machine's speed before and after (a numpy add of 1,000 floats).
 
 ``--memory`` (default on): bytes per endpoint of the largest size's fleet, measured with
 tracemalloc (numpy's buffers are traced too) while building it, split into the endpoint
@@ -19,9 +19,11 @@ once more without tracemalloc.
 
 ``--stages``: where one ``cost`` decision spends its time, stage by stage (a copy of
 ``Pipeline.route`` with a clock read between stages; medians over ``--per-round``
-decisions, after one warm-up): snapshot, prefilter, the policy's filters, the estimate
-kernel (forced here; in ``route`` the first scorer that reads an estimate runs it),
-scorers, the SLO preference (``_total``), the picker and the ``Decision``.
+decisions, after one warm-up): snapshot, the shortlist (above 2,048 endpoints:
+``routing/shortlist.py``; the copy of its rows is in the prefilter's time), prefilter, the
+policy's filters, the estimate kernel (forced here; in ``route`` the first scorer that
+reads an estimate runs it), scorers, the SLO preference (``_total``), the picker and the
+``Decision``.
 
 Run: .venv/bin/python bench/decision_time.py [--sizes 10 100 1000 10000] [--stages]
 """
@@ -46,6 +48,7 @@ from fleetgate.routing.estimate import Estimates
 from fleetgate.routing.pipeline import Pipeline
 from fleetgate.routing.plugins import ScoringInput
 from fleetgate.routing.policies import build_pipeline
+from fleetgate.routing.shortlist import SHORTLIST_FROM
 from fleetgate.routing.types import PREFILTER, Decision
 from fleetgate.state.live import LiveFleet
 from fleetgate.state.prior import Prior, endpoint_prior
@@ -182,7 +185,7 @@ def memory(n: int) -> dict[str, float]:
 
 
 # -- stages ---------------------------------------------------------------------------------
-STAGES = ("snapshot", "prefilter", "filters", "estimate kernel", "scorers", "SLO preference",
+STAGES = ("snapshot", "shortlist", "prefilter", "filters", "estimate kernel", "scorers", "SLO preference",
           "picker", "Decision", "whole (sum)")
 
 
@@ -193,6 +196,9 @@ def staged_route(pipe: Pipeline, live: LiveFleet, req: RoutingRequest,
     snap = live.snapshot(1.0)
     t.append(clock())
     idx = snap.by_model[(req.model, req.api)]
+    if len(idx) > SHORTLIST_FROM:
+        idx = pipe._shortlist.pick(snap, req, idx, pipe._sticky)
+    t.append(clock())
     est = Estimates(snap, idx, req, pipe.slo)
     alive, left = est.prefilter()
     count = len(idx)
@@ -217,7 +223,7 @@ def staged_route(pipe: Pipeline, live: LiveFleet, req: RoutingRequest,
     order = pipe.picker.order(rank, min(pipe.max_attempts, left))
     t.append(clock())
     decision = Decision(pipe.name, req.model, reason, snap.endpoints, idx, order, total, scores,
-                        est, tuple(stages), alive, over, snap)
+                        est, tuple(stages), alive, over)
     t.append(clock())
     steps = [b - a for a, b in itertools.pairwise(t)]
     return [*steps, t[-1] - t[0]], decision
@@ -288,7 +294,8 @@ def main() -> None:
         print(f"| - of which numpy arrays (`nbytes`) | {mem['arrays']:,.0f} |")
         print(f"| - of which per-endpoint Python objects and indexes | {mem['objects']:,.0f} |")
         print(f"| routing caches after one decision per strategy | {mem['caches']:,.0f} |")
-        print(f"| one snapshot (copied per decision) | {mem['snapshot']:,.0f} |")
+        print(f"| one snapshot's rows (copied per decision up to {SHORTLIST_FROM:,} "
+              f"endpoints, shared above) | {mem['snapshot']:,.0f} |")
         print(f"| cross-check: RSS growth building descriptions + `LiveFleet` "
               f"| {mem['rss']:,.0f} |")
     print(f"\nmachine reference (numpy add of 1,000 floats): {before:.2f} µs before, "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections import Counter
 from dataclasses import replace
 
 from routing_fixtures import MODEL, SERVED, pipeline, request
@@ -39,7 +40,7 @@ def big_fleet(seed: int = 3, loaded: bool = True) -> LiveFleet:
 def test_the_shortlist_holds_every_pool_in_proportion_and_covers_the_fleet() -> None:
     live = big_fleet()
     assert len(live.endpoints) > SHORTLIST_FROM and live.snapshot(1.0).shared
-    pipe = pipeline("round_robin")
+    pipe = pipeline("least_loaded")
     seen: set[int] = set()
     n = len(live.endpoints)
     for _ in range(math.ceil(n / SHORTLIST_SIZE) + 1):
@@ -52,6 +53,22 @@ def test_the_shortlist_holds_every_pool_in_proportion_and_covers_the_fleet() -> 
             assert pools.count(pool) >= math.ceil(SHORTLIST_SIZE * count / n)
         seen.update(idx)
     assert len(seen) == n  # every endpoint looked at within ceil(n / size) + 1 decisions
+
+
+def test_round_robin_takes_every_endpoint_in_turn() -> None:
+    live = big_fleet()
+    pipe = pipeline("round_robin")
+    n = len(live.endpoints)
+    counts = Counter(pipe.route(request(), live.snapshot(1.0)).chosen.id for _ in range(3 * n))
+    assert len(counts) == n  # each one...
+    assert max(counts.values()) - min(counts.values()) <= 3  # ...about as often as the others
+
+
+def test_power_of_two_draws_from_a_fair_sample() -> None:
+    live = big_fleet(loaded=False)  # all alike: no candidate is better than another
+    pipe = pipeline("power_of_two")
+    chosen = [pipe.route(request(), live.snapshot(1.0)).chosen.id for _ in range(400)]
+    assert len(set(chosen)) > 300  # no recent winner drawn again and again
 
 
 def test_cost_finds_the_small_cheap_pool_and_keeps_filling_its_replica() -> None:

@@ -50,6 +50,8 @@ class Pipeline:
         self._weights = [s.weight / weight for s in self.scorers] if weight > 0 else []
         self._shortlist = Shortlist(self.seed)
         self._sticky = any(s.name == "affinity" for s in self.scorers)
+        self._sampling = getattr(self.picker, "sampling", False)
+        self._cycles = getattr(self.picker, "cycles", False)
 
     def route(self, req: RoutingRequest, snap: Snapshot) -> Decision:
         idx = snap.by_model.get((req.model, req.api))
@@ -57,7 +59,8 @@ class Pipeline:
             return Decision(self.name, req.model, "no endpoint serves the model", snap.endpoints)
         if len(idx) <= SHORTLIST_FROM:
             return self._route(req, snap, idx)
-        decision = self._route(req, snap, self._shortlist.pick(snap, req, idx, self._sticky))
+        short = self._shortlist.pick(snap, req, idx, self._sticky, self._sampling, self._cycles)
+        decision = self._route(req, snap, short)
         if not len(decision.order):  # nothing eligible in view: look at every endpoint
             decision = self._route(req, snap, idx)
         if len(decision.order):

@@ -16,8 +16,8 @@ does as little as it can (BENCHMARKS.md, "Collector at scale"):
 - **Only the series the router reads are parsed.** The engines send their whole
   exposition (63 KB for vLLM: its ``/metrics`` route is prometheus-fastapi-instrumentator's,
   which ignores prometheus_client's ``?name[]=`` filter, as a real vLLM showed in
-  ``tests/engines``); the parser finds the few lines of the signals' names in it with one
-  regular expression and reads only those.
+  ``tests/engines``); the parser finds each wanted family with ``str.find`` and reads
+  only its lines (``backends/metrics.py``: 41 µs for the 63 KB).
 - **The lean client.** Probes, scrapes and capacity reads go out on ``backends/http1.py``:
   the control plane's one client (``backends/probes.py``; handed in, and closed by whoever
   made it: the gateway's lifespan), one after the other on one kept-alive connection per

@@ -58,6 +58,8 @@ def _top_k(values: FloatArray, jitter: FloatArray, out: IntArray) -> None:
 
 
 class MaxScore:
+    sampling = False  # orders by score: the shortlist may add the candidates worth seeing
+
     def __init__(self, seed: int | None = None) -> None:
         self._rng = random.Random(seed)
         self._jitter = np.zeros(0)
@@ -74,6 +76,8 @@ class MaxScore:
 
 
 class WeightedRandom:
+    sampling = True  # draws: the shortlist must be a fair sample (routing/shortlist.py)
+
     def __init__(self, seed: int | None = None) -> None:
         self._rng = random.Random(seed)
 
@@ -89,6 +93,8 @@ class WeightedRandom:
 
 
 class PowerOfTwo:
+    sampling = True
+
     def __init__(self, seed: int | None = None) -> None:
         self._rng = random.Random(seed)
 
@@ -121,6 +127,9 @@ class PowerOfTwo:
 
 
 class RoundRobin:
+    sampling = True
+    cycles = True  # one turn each: the shortlist holds still for a whole turn of it
+
     def __init__(self, seed: int | None = None) -> None:
         self._counter = itertools.count()
 
