@@ -213,7 +213,7 @@ class Collector:
                 raise MetricsParseError(f"HTTP {resp.status}")
             if len(body) > MAX_SCRAPE_BYTES:
                 raise MetricsParseError(f"{len(body)} bytes of metrics")
-            load = parse_engine_metrics(body.decode("utf-8", "replace"), ep.engine)
+            load = parse_engine_metrics(body, ep.engine)
         except (UpstreamError, MetricsParseError) as exc:
             self.scrape_errors[ep.id] += 1
             log.debug("scrape of %s failed: %s", ep.id, exc)
