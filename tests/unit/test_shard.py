@@ -129,3 +129,33 @@ async def test_alone_publishes_nothing_and_malformed_rows_are_skipped() -> None:
     await store.publish_blob(KIND, "gw-c", orjson.dumps({IDS[0]: ["x"]}), 3.0)
     await store.publish_blob(KIND, "gw-d", orjson.dumps({"pool-unknown": [1e9, "ready"]}), 3.0)
     assert await b.pull() == 0  # nothing applied, nothing raised
+
+
+async def test_the_collector_takes_over_between_its_full_ticks() -> None:
+    """While replicas share the scraping: a full tick each interval and takeover steps at
+    the quarter-intervals between (``Collector.run``; no more than STEPS - 1 between two
+    full ticks, fewer when a tick runs long); alone, full ticks only. Counted, not timed."""
+    import asyncio
+
+    from fleetgate.state.collector import STEPS, Collector
+
+    for shared in (True, False):
+        live = make_fleet(ready=False)
+        collector = Collector(live.endpoints, live, None, lambda: 0.0)  # type: ignore[arg-type]
+        collector.shard = object() if shared else None  # type: ignore[assignment]
+        ticks: list[bool] = []
+
+        async def tick(full: bool = True) -> None:
+            ticks.append(full)
+
+        collector.tick = tick  # type: ignore[method-assign]
+        task = asyncio.create_task(collector.run(0.1))
+        for _ in range(400):  # 4 full ticks take 0.4 s; 20 s at most on a crawling machine
+            if ticks.count(True) >= 4:
+                break
+            await asyncio.sleep(0.05)
+        task.cancel()
+        assert ticks.count(True) >= 4
+        between = [len(run) for run in "".join("F" if f else "s" for f in ticks).split("F")]
+        assert max(between) <= STEPS - 1
+        assert (sum(between) > 0) == shared

@@ -66,6 +66,7 @@ PROBE_EVERY = 5  # ticks between probes of a ready endpoint whose scrapes answer
 MAX_SCRAPE_BYTES = 16 * 1024 * 1024
 VISITS_AT_ONCE = 256  # visits started together; more start in batches (``_visit``)
 SPREAD_S = 0.25  # at most this long to start a tick's batches
+STEPS = 4  # while replicas share the scraping: a full tick and 3 takeover steps per interval
 _TIMEOUTS = Timeouts(connect=SCRAPE_TIMEOUT_S, read=SCRAPE_TIMEOUT_S, total=SCRAPE_TIMEOUT_S)
 CAPACITY_RETRY_S = 30.0
 CAPACITY_REFRESH_S = 600.0
@@ -89,7 +90,7 @@ class Collector:
 
     async def tick(self, full: bool = True) -> None:
         """Visit the endpoints due (all of them, or this replica's share: ``state/shard.py``);
-        ``full=False`` is the half-interval step that only takes over a dead peer's."""
+        ``full=False`` is the quarter-interval step that only takes over a dead peer's."""
         if full and self._before_tick is not None:
             await self._before_tick()
         shard = self.shard
@@ -122,20 +123,30 @@ class Collector:
         await asyncio.gather(*tasks)
 
     async def run(self, interval_s: float) -> None:
-        """Ticks on fixed deadlines (a slow tick delays the next one, never the whole
-        schedule: a peer judges this replica's rows by their age), half-interval steps while
-        replicas share the scraping."""
+        """Full ticks on fixed deadlines (a slow tick delays the next one, never the whole
+        schedule: a peer judges this replica's rows by their age); while replicas share the
+        scraping, takeover steps at the quarter-intervals between them that are not past,
+        so a dead peer's endpoints are visited within ``TAKEOVER`` + 1/4 of an interval
+        plus the visits (at half steps, the rows of a replica killed at 10,000 endpoints
+        reached 2.02 intervals, BENCHMARKS.md)."""
         loop = asyncio.get_running_loop()
-        step, due = 0, loop.time()
+        due = loop.time()
         while True:
-            period = interval_s / 2 if self.shard is not None else interval_s
-            due = max(due + period, loop.time())  # behind: go on from now, no catch-up burst
-            await asyncio.sleep(due - loop.time())
-            step += 1
-            try:
-                await self.tick(full=self.shard is None or step % 2 == 0)
-            except Exception:  # a collector bug must not end collection
-                log.exception("collector tick failed")
+            last, due = due, max(due + interval_s, loop.time())  # behind: from now, no burst
+            if self.shard is not None:
+                for k in range(1, STEPS):
+                    step = last + k * interval_s / STEPS
+                    if step > loop.time() and step < due:
+                        await asyncio.sleep(step - loop.time())
+                        await self._guarded(full=False)
+            await asyncio.sleep(max(0.0, due - loop.time()))
+            await self._guarded(full=True)
+
+    async def _guarded(self, full: bool) -> None:
+        try:
+            await self.tick(full=full)
+        except Exception:  # a collector bug must not end collection
+            log.exception("collector tick failed")
 
     def peer_capacity(self, i: int, capacity: EngineCapacity) -> None:
         """What endpoint ``i`` reported to the replica that scraped it (``state/shard.py``):

@@ -18,7 +18,7 @@ endpoint and interval and each pays the whole fleet's collection CPU. With it:
   age at a peer is its interval plus the tick's duration, not a drifting period.
 - **A replica that dies**: its rows stop coming. The backup of each of its endpoints visits
   it as soon as the newest row it holds is older than ``TAKEOVER`` intervals (the collector
-  checks at half-interval steps), before the membership has even expired, and after that
+  checks at quarter-interval steps), before the membership has even expired, and after that
   the endpoint has a new owner. A replica alone scrapes everything.
 
 Rows carry no monotonic time: a row's visit time is the owner's wall clock, converted to
