@@ -90,7 +90,7 @@ def api_value(answers: dict[str, Any], n: dict[str, str]) -> Any:
     src, ident, k = n["src"], n["id"], n["k"]
     if src == "decisions":
         return predicted(answers["/admin/decisions"]["decisions"]).get(ident)
-    if src == "derived":  # the pool's queue: its endpoints' queues added up
+    if src == "derived":  # a sum the page makes (the fleet's totals)
         return None
     if src == "scaling":  # /admin/scaling: a dict of autoscaled pools by name
         row = answers["/admin/scaling"]["pools"].get(ident)

@@ -213,7 +213,19 @@ async def test_endpoints_page_and_filter_by_pool(tmp_path: Path) -> None:
         assert past["endpoints"] == [] and past["next_offset"] is None
         none = (await _get(url + "/admin/endpoints?pool=nope")).json()
         assert none["total"] == 0 and none["pools"] == []
-        for bad in ("limit=0", "offset=-1", "limit=x"):
+        # what the dashboard reads: a few rows per pool, the pools' figures over all of them
+        cards = (await _get(url + "/admin/endpoints?per_pool=0")).json()
+        assert cards["endpoints"] == [] and cards["pools"] == whole["pools"]
+        first = (await _get(url + "/admin/endpoints?per_pool=1")).json()
+        assert [e["id"] for e in first["endpoints"]] == ids and first["total"] == 4
+        for p in whole["pools"]:
+            rows = [e for e in whole["endpoints"] if e["pool"] == p["pool"]]
+            assert p["routed"] == sum(e["health"] == "ready" and not e["parked"] for e in rows)
+            assert p["parked"] == sum(e["parked"] for e in rows)
+            assert p["queued"] == sum(e["queued"] or 0 for e in rows)
+            assert p["breakers"] == sorted({e["breaker"] for e in rows})
+            assert p["price_per_gpu_hour"] == rows[0]["price_per_gpu_hour"]
+        for bad in ("limit=0", "offset=-1", "limit=x", "per_pool=-1"):
             resp = await _get(url + "/admin/endpoints?" + bad)
             assert resp.status_code == 400 and "error" in resp.json(), bad
 

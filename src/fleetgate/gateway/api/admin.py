@@ -92,29 +92,51 @@ def _unit_costs(usd_per_hour: float, tokens_per_s: float | None) -> dict[str, fl
 
 
 def pool_rows(state: AppState, indices: range | list[int]) -> list[dict[str, Any]]:
-    """Per pool over the endpoints ``indices``: counts, in-flight, measured tokens/s and
-    $/hour (an off slot bills nothing), read from the live columns (cheap at any size)."""
+    """Per pool over the endpoints ``indices``: counts (ready, and routed: ready and not
+    parked by the scaler), in-flight, the engines' queues, measured tokens/s, $/hour (an off
+    slot bills nothing) and the breakers' states, read from the live columns (cheap at any
+    size: the dashboard reads these, not every endpoint's row)."""
     fleet = state.generation.fleet
     live = fleet.live
     in_flight, tokens = live.column("in_flight"), live.column("tokens_per_s")
+    queued = live.column("queued")
     pools: dict[str, dict[str, Any]] = defaultdict(lambda: {
-        "endpoints": 0, "ready": 0, "in_flight": 0.0, "tokens_per_s": 0.0,
-        "usd_per_hour": 0.0})
+        "endpoints": 0, "ready": 0, "routed": 0, "parked": 0, "in_flight": 0.0, "queued": 0.0,
+        "tokens_per_s": 0.0, "usd_per_hour": 0.0, "breakers": set()})
     for i in indices:
         ep = fleet.endpoints[i]
         p = pools[ep.pool]
-        p.update(accelerator=ep.accelerator, vendor=ep.vendor, engine=ep.engine)
+        p.update(accelerator=ep.accelerator, vendor=ep.vendor, engine=ep.engine,
+                 gpus_per_replica=ep.gpus_per_replica,
+                 price_per_gpu_hour=ep.price_per_gpu_hour)
         ready = live.stats[i].health.state == "ready"
+        parked = bool(live.parked[i])
         p["endpoints"] += 1
         p["ready"] += ready
+        p["routed"] += ready and not parked
+        p["parked"] += parked
         p["in_flight"] += float(in_flight[i]) if in_flight[i] == in_flight[i] else 0.0
+        p["queued"] += float(queued[i]) if queued[i] == queued[i] else 0.0
         p["tokens_per_s"] += float(tokens[i]) if tokens[i] == tokens[i] else 0.0
-        if not live.parked[i] or ready:
+        p["breakers"].add(live.stats[i].breaker.state)
+        if not parked or ready:
             p["usd_per_hour"] += ep.price_per_gpu_hour * ep.gpus_per_replica
     out = []
     for name, p in pools.items():
         p.update(_unit_costs(p["usd_per_hour"], p["tokens_per_s"] or None))
-        out.append({"pool": name, **p})
+        out.append({"pool": name, **p, "breakers": sorted(p["breakers"])})
+    return out
+
+
+def first_per_pool(state: AppState, indices: range | list[int], count: int) -> list[int]:
+    """The first ``count`` of each pool's endpoints among ``indices``, in fleet order."""
+    seen: dict[str, int] = defaultdict(int)
+    out = []
+    for i in indices:
+        pool = state.generation.fleet.endpoints[i].pool
+        if seen[pool] < count:
+            seen[pool] += 1
+            out.append(i)
     return out
 
 
@@ -129,18 +151,22 @@ async def endpoints(
         offset: int = Query(0, ge=0, description="the first matching endpoint to list"),
         limit: int | None = Query(None, ge=1, description="at most this many endpoint rows "
                                   "(default: all; at thousands of endpoints, page)"),
+        per_pool: int | None = Query(None, ge=0, description="list only the first N "
+                                     "endpoints of each pool (the pools' rows still count "
+                                     "them all): what the dashboard reads"),
 ) -> dict[str, Any]:
     """Live state of the endpoints (all, one pool's, or a page of them) and their pools."""
     state = _state(request)
     fleet = state.generation.fleet
-    matched: range | list[int] = range(len(fleet.endpoints))
+    pooled: range | list[int] = range(len(fleet.endpoints))
     if pool is not None:
-        matched = [i for i, ep in enumerate(fleet.endpoints) if ep.pool == pool]
+        pooled = [i for i, ep in enumerate(fleet.endpoints) if ep.pool == pool]
+    matched = pooled if per_pool is None else first_per_pool(state, pooled, per_pool)
     end = len(matched) if limit is None else min(offset + limit, len(matched))
     sync = state.sync
     return {"endpoints": endpoint_rows(state, matched[offset:end]),
             "total": len(matched), "next_offset": end if end < len(matched) else None,
-            "pools": pool_rows(state, matched),
+            "pools": pool_rows(state, pooled),
             "store_degraded": bool(state.stores and state.stores.degraded)
             or bool(sync and sync.failures),
             "replica": sync.replica_id if sync else None,

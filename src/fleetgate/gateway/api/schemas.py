@@ -174,9 +174,15 @@ class PoolRow(_Open):
     accelerator: str
     vendor: str
     engine: str
+    gpus_per_replica: int
+    price_per_gpu_hour: float
     endpoints: int
     ready: int
+    routed: int = Field(description="ready and not parked by the scaler")
+    parked: int = Field(description="slots the scaler stopped (autoscaled pools)")
     in_flight: float
+    queued: float = Field(description="the engines' waiting requests, added up")
+    breakers: list[str] = Field(description="the circuit breakers' states in the pool")
     tokens_per_s: float
     usd_per_hour: float
     usd_per_mtok: float | None = None
@@ -185,7 +191,7 @@ class PoolRow(_Open):
 
 class EndpointsReport(BaseModel):
     endpoints: list[EndpointRow]
-    total: int = Field(description="endpoints matching the query (all pages together)")
+    total: int = Field(description="endpoint rows matching the query (all pages together)")
     next_offset: int | None = Field(description="the offset of the next page; null: the last")
     pools: list[PoolRow]
     store_degraded: bool

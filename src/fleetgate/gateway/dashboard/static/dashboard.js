@@ -9,6 +9,7 @@ const KEY_STORE = "fleetgate.adminKey";
 const HISTORY = 150;            // traffic-share points kept (5 min at 2 s)
 const DECISIONS = 15;           // decisions listed
 const CANDIDATES = 64;          // candidates kept per decision (all on a small fleet)
+const PER_POOL = 24;            // endpoint rows per pool card; the pool's figures count all
 const COLORS = ["#4e9af1", "#f1a14e", "#8bd46e", "#d46ec2", "#e8d44d", "#6ed4cf", "#c9785a",
   "#9d8cf2", "#f26d6d", "#a3a3a3"];
 
@@ -83,7 +84,7 @@ async function pollOnce() {
   const shadowDue = ui.shadowMissing === 0 || n % 15 === 0;
   try {
     const [endpoints, costs, decisions, shadow, scaling] = await Promise.all([
-      get("/admin/endpoints", n), get("/admin/costs", n),
+      get(`/admin/endpoints?per_pool=${PER_POOL}`, n), get("/admin/costs", n),
       get(`/admin/decisions?limit=${DECISIONS}&candidates=${CANDIDATES}`, n),
       shadowDue ? get("/admin/shadow", n) : Promise.resolve(undefined),
       get("/admin/scaling", n)]);
@@ -155,26 +156,23 @@ function renderPools(endpoints, costs, latest) {
   const ledger = byKey(costs.pools, "pool");
   const scaled = (ui.scaling && ui.scaling.pools) || {};
   const html = endpoints.pools.map(p => {
-    const first = eps[p.pool][0];
-    const parked = eps[p.pool].filter(e => e.parked).length;
-    const routed = eps[p.pool].filter(e => !e.parked && e.health === "ready").length;
+    const listed = eps[p.pool] || [];
     const bill = scaled[p.pool] ? val("scaling", p.pool, "usd_per_hour", scaled[p.pool].usd_per_hour,
       "usd") : val("endpoints.pools", p.pool, "usd_per_hour", p.usd_per_hour, "usd");
     const spent = ledger[p.pool] || {};
-    const breakers = [...new Set(eps[p.pool].map(e => e.breaker))];
-    const queued = eps[p.pool].reduce((s, e) => s + (e.queued || 0), 0);
     const P = (k, fmt) => val("endpoints.pools", p.pool, k, p[k], fmt);
     const C = (k, fmt) => val("costs.pools", p.pool, k, spent[k], fmt);
+    const more = p.endpoints - listed.length;
     return `<article class="card ${esc(p.vendor)}" data-pool="${esc(p.pool)}">
       <h3><span>${esc(p.pool)}</span><span class="badge ${esc(p.vendor)}">${esc(p.vendor.toUpperCase())}</span></h3>
-      <div class="meta">${esc(p.accelerator.toUpperCase())} × ${first.gpus_per_replica} · ${esc(p.engine)} ·
-        ${val("endpoints.endpoints", first.id, "price_per_gpu_hour", first.price_per_gpu_hour, "usd")}/GPU-h ·
+      <div class="meta">${esc(p.accelerator.toUpperCase())} × ${p.gpus_per_replica} · ${esc(p.engine)} ·
+        ${P("price_per_gpu_hour", "usd")}/GPU-h ·
         ${bill}/h</div>
       <div class="stats">
-        ${stat("health", `<span class="v">${parked ? `${routed} ready · ${parked} parked`
+        ${stat("health", `<span class="v">${p.parked ? `${p.routed} ready · ${p.parked} parked`
           : `${p.ready}/${p.endpoints} ready`}</span>`)}
-        ${stat("breaker", `<span class="v">${breakers.map(state).join(" ")}</span>`)}
-        ${stat("queue", `<span class="v" data-src="derived" data-k="queued" data-value="${queued}">${sig(queued)}</span>`)}
+        ${stat("breaker", `<span class="v">${p.breakers.map(state).join(" ")}</span>`)}
+        ${stat("queue", P("queued"))}
         ${stat("in flight", P("in_flight"))}
         ${stat("tok/s", P("tokens_per_s"))}
         ${stat("tokens per $", C("tokens_per_usd", "int"))}
@@ -185,7 +183,9 @@ function renderPools(endpoints, costs, latest) {
         ${stat("spent", C("usd", "usd"))}
         ${stat("failed $", C("failed_usd", "usd"))}
       </div>
-      <div class="eps">${eps[p.pool].map(e => endpointRow(e, scaled[p.pool])).join("")}</div>
+      <div class="eps">${listed.map(e => endpointRow(e, scaled[p.pool])).join("")}${more > 0
+        ? `<div class="ep more">and ${more} more (<code>/admin/endpoints?pool=${esc(p.pool)}</code>)</div>`
+        : ""}</div>
     </article>`;
   }).join("");
   document.getElementById("pools").innerHTML = html ||
