@@ -14,7 +14,6 @@ Run: .venv/bin/python bench/collector_overhead.py [N ...]
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
 import time

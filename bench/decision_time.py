@@ -185,8 +185,8 @@ def memory(n: int) -> dict[str, float]:
 
 
 # -- stages ---------------------------------------------------------------------------------
-STAGES = ("snapshot", "shortlist", "prefilter", "filters", "estimate kernel", "scorers", "SLO preference",
-          "picker", "Decision", "whole (sum)")
+STAGES = ("snapshot", "shortlist", "prefilter", "filters", "estimate kernel", "scorers",
+          "SLO preference", "picker", "Decision", "whole (sum)")
 
 
 def staged_route(pipe: Pipeline, live: LiveFleet, req: RoutingRequest,

@@ -145,7 +145,7 @@ async def test_the_collector_takes_over_between_its_full_ticks() -> None:
         collector.shard = object() if shared else None  # type: ignore[assignment]
         ticks: list[bool] = []
 
-        async def tick(full: bool = True) -> None:
+        async def tick(full: bool = True, ticks: list[bool] = ticks) -> None:
             ticks.append(full)
 
         collector.tick = tick  # type: ignore[method-assign]

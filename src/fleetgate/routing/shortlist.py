@@ -67,7 +67,8 @@ class _Layout:
         pools: dict[str, list[int]] = {}
         for i in idx.tolist():
             pools.setdefault(endpoints[i].pool, []).append(i)
-        order, starts, sizes, shares = [], [], [], []
+        order: list[int] = []
+        starts, sizes, shares = [], [], []
         for members in pools.values():
             rng.shuffle(members)
             starts.append(len(order))
