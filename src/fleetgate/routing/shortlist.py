@@ -24,12 +24,12 @@ hundred instead (the full set stays the fallback when none of it is eligible):
 - **where a LoRA adapter is loaded** (up to ``ADAPTER`` of them), for a request naming one.
 
 For a picker that draws or takes turns (``power_of_two``, ``weighted_random``,
-``round_robin``: ``sampling``) the shortlist is the windows alone, strictly in proportion
-to the pools, a fair sample: recent winners in it would be drawn again and again
-(herding), a small pool's endpoints more often than the others. For ``round_robin`` (``cycles``)
-the windows hold still for as many decisions as they hold endpoints, so the picker's turn
-goes round each window once, and then round the next: every endpoint in turn, as without a
-shortlist.
+``round_robin``: ``sampling``) the shortlist is the windows, strictly in proportion to the
+pools, and the adapter's endpoints only: a fair sample. Recent winners in it were drawn
+again and again (herding), and a small pool's endpoints more often than the others. For
+``round_robin`` (``cycles``) the windows hold still for as many decisions as they hold
+endpoints, so the picker's turn goes round each window once, then round the next: every
+endpoint in turn, as without a shortlist.
 
 Building it is one compiled pass over the shortlist (windows, then the others without
 duplicates); the windows' order is a per-fleet shuffle.
