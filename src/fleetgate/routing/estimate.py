@@ -439,7 +439,7 @@ class Estimates:
         index = self._snap.prefix
         if not self._hashes or index is None:
             return np.zeros(len(self._idx))
-        return index.matched(self._hashes, len(self._snap.endpoints))[self._idx]
+        return index.matched_at(self._hashes, self._idx)
 
     b_max = _KernelRow("b_max")
     tpot_s = _KernelRow("tpot_s")

@@ -175,6 +175,10 @@ class PrefixLookup(Protocol):
         it holds."""
         ...
 
+    def matched_at(self, hashes: Sequence[int], idx: IntArray) -> FloatArray:
+        """``matched`` for the endpoints ``idx`` only, aligned with them."""
+        ...
+
     def holders(self, hashes: Sequence[int], limit: int) -> list[int]:
         """Up to ``limit`` endpoints holding the most leading ``hashes``, deepest first."""
         ...

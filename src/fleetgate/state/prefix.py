@@ -29,8 +29,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from fleetgate.routing.compiled import compiled
 from fleetgate.routing.plugins.prefix_cache import CHUNK_TOKENS
-from fleetgate.routing.types import Endpoint, FloatArray
+from fleetgate.routing.types import Endpoint, FloatArray, IntArray
 
 
 class PrefixIndex:
@@ -62,27 +63,31 @@ class PrefixIndex:
 
     def matched(self, hashes: Sequence[int], count: int) -> FloatArray:
         """How many leading ``hashes`` each of the first ``count`` endpoints holds."""
-        out = np.zeros(count)
-        owners = self._owners
+        return self.matched_at(hashes, np.arange(count))
+
+    def matched_at(self, hashes: Sequence[int], idx: IntArray) -> FloatArray:
+        """``matched`` for the endpoints ``idx``: a bytes copy of each matched chunk's owners
+        and one compiled pass over ``idx``, at a cost that does not grow with how many
+        endpoints hold the prompt (walking every holder's bit took 6.3 ms at 10,000
+        endpoints for a system prompt all of them were sent)."""
+        owners, levels = self._owners, []
         held = owners.get(hashes[0], 0) if hashes else 0
-        depth = 0
+        size = (len(self._lru) + 7) // 8
         while held:
-            depth += 1
-            now = owners.get(hashes[depth], 0) & held if depth < len(hashes) else 0
-            gone = held & ~now  # held the first ``depth`` chunks, not the next
-            while gone:
-                low = gone & -gone
-                i = low.bit_length() - 1
-                if i < count:
-                    out[i] = depth
-                gone ^= low
-            held = now
+            levels.append(held.to_bytes(size, "little"))
+            depth = len(levels)
+            held = owners.get(hashes[depth], 0) & held if depth < len(hashes) else 0
+        out = np.zeros(len(idx))
+        if levels:
+            bits = np.frombuffer(b"".join(levels), dtype=np.uint8).reshape(len(levels), size)
+            _depths(bits, idx, out)
         return out
 
     def holders(self, hashes: Sequence[int], limit: int) -> list[int]:
         """Up to ``limit`` endpoints holding the most leading ``hashes``, deepest first (the
-        shortlist's, ``routing/shortlist.py``: one walk down the chunks, bits read only at
-        the end)."""
+        shortlist's, ``routing/shortlist.py``). Where more than ``limit`` hold a depth, none
+        of that depth or shallower are named: a prefix that common is in any sample of the
+        fleet, and naming the first ``limit`` would herd requests onto them."""
         levels = []
         held = self._owners.get(hashes[0], 0) if hashes else 0
         while held:
@@ -90,16 +95,16 @@ class PrefixIndex:
             depth = len(levels)
             held = self._owners.get(hashes[depth], 0) & held if depth < len(hashes) else 0
         out: list[int] = []
-        taken = 0
         for held in reversed(levels):  # each level holds the deeper ones too
-            fresh = held & ~taken
-            taken |= held
-            while fresh and len(out) < limit:
+            if held.bit_count() > limit:
+                break
+            fresh = held
+            for i in out:
+                fresh &= ~(1 << i)
+            while fresh:
                 low = fresh & -fresh
                 out.append(low.bit_length() - 1)
                 fresh ^= low
-            if len(out) >= limit:
-                break
         return out
 
     def resize(self, i: int, kv_capacity_tokens: float) -> None:
@@ -126,3 +131,18 @@ class PrefixIndex:
             self._owners[h] = left
         else:
             del self._owners[h]
+
+
+@compiled
+def _depths(bits: np.ndarray, idx: np.ndarray, out: np.ndarray) -> None:
+    """out[j] = how many leading levels (rows of ``bits``, one bit per endpoint) have
+    endpoint idx[j]'s bit set; the levels are nested, so the first miss ends it."""
+    for j in range(idx.shape[0]):
+        byte, mask = idx[j] >> 3, np.uint8(1 << (idx[j] & 7))
+        depth = 0
+        while depth < bits.shape[0] and bits[depth, byte] & mask:
+            depth += 1
+        out[j] = depth
+
+
+_depths(np.ones((1, 1), dtype=np.uint8), np.zeros(1, dtype=np.intp), np.zeros(1))  # compile
