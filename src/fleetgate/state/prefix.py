@@ -8,18 +8,20 @@ that much, usually less (running requests use part of it), so the index is optim
 is a routing hint, never a promise.
 
 ``record(i, hashes)`` on every dispatch (``Attempt.start``, the simulator's ``_try_next``);
-``matched(hashes, count)`` for the ``prefix_cache`` scorer: how many leading chunks each
-endpoint holds; ``holders(hashes, limit)``: the endpoints holding the most of them. A
-chunk's owners are a bit set (one Python int, bit i = endpoint i), so a
-lookup is one dict read and one AND per matched chunk, however many endpoints there are.
-A prompt's chunks are recorded tail first, so its head is the most recently used and is
-evicted last: an endpoint that holds chunk i holds chunks 0..i-1 too (as a radix tree
-would), and the walk can stop at the first chunk nobody holds.
+``matched_at(hashes, idx)`` for the estimates and the ``prefix_cache`` scorer: how many
+leading chunks each candidate holds; ``holders(hashes, limit)`` for a large fleet's
+shortlist: the few endpoints holding the most of them. A chunk's owners are a bit set (one
+Python int, bit i = endpoint i), so a lookup is one dict read and one AND per matched
+chunk, and the candidates' bits are read in one compiled pass, however many endpoints
+there are and hold the prompt. A prompt's chunks are recorded tail first, so its head is
+the most recently used and is evicted last: an endpoint that holds chunk i holds chunks
+0..i-1 too (as a radix tree would), and the walk can stop at the first chunk nobody holds.
 
 Positions are the ``LiveFleet``'s; ``inherit`` carries the entries of endpoints that are
 still there (matched by URL) into a new fleet's index on a reload.
 
-May touch: numpy, routing types. Must not touch: I/O, asyncio, clocks.
+May touch: numpy, numba (``routing.compiled``), routing types. Must not touch: I/O,
+asyncio, clocks.
 """
 
 from __future__ import annotations
