@@ -72,10 +72,20 @@ def cost_delta(before: Ledger, after: Ledger) -> dict[str, dict[str, float | Non
 
 
 def pool_facts(base: str, admin_key: str | None) -> dict[str, dict[str, Any]]:
-    body, _ = _get(base + "/admin/endpoints", admin_key)
+    """Per pool: accelerator, engine, GPUs per replica, $/GPU-hour and replicas, from the
+    pool rows (``?per_pool=0``: no endpoint row, cheap at thousands of endpoints); from the
+    endpoint rows when the gateway is older than those pool fields (it ignores the query
+    and lists every endpoint)."""
+    body, _ = _get(base + "/admin/endpoints?per_pool=0", admin_key)
     if not isinstance(body, dict):
         return {}
     facts: dict[str, dict[str, Any]] = {}
+    pools = body.get("pools") or []
+    if pools and all("price_per_gpu_hour" in p for p in pools):
+        return {str(p["pool"]): {"accelerator": p.get("accelerator"), "engine": p.get("engine"),
+                                 "gpus_per_replica": p.get("gpus_per_replica"),
+                                 "price_per_gpu_hour": p.get("price_per_gpu_hour"),
+                                 "replicas": p.get("endpoints")} for p in pools}
     for ep in body.get("endpoints") or []:
         f = facts.setdefault(str(ep["pool"]), {
             "accelerator": ep.get("accelerator"), "engine": ep.get("engine"),
