@@ -3,7 +3,7 @@
 Builds a LiveFleet of N endpoints over the six GPU types with random load, then times
 ``snapshot(now)`` + ``route(request, snapshot)`` per strategy: the full cost of one routing
 decision on the request path (numba's kernels are compiled at import, before timing; above
-1,024 endpoints a decision looks at a shortlist of them). 10 interleaved rounds of 300
+512 endpoints a decision looks at a shortlist of them). 10 interleaved rounds of 300
 decisions per strategy (``--rounds``, ``--per-round``); p50/p90/p99 over all 3,000, and
 the median of the quickest round (what the code costs when the shared VM is not slowed by
 its neighbours: the "min of repeats" of timeit). Pure CPU, one process; prints a markdown
@@ -19,7 +19,7 @@ once more without tracemalloc.
 
 ``--stages``: where one ``cost`` decision spends its time, stage by stage (a copy of
 ``Pipeline.route`` with a clock read between stages; medians over ``--per-round``
-decisions, after one warm-up): snapshot, the shortlist (above 1,024 endpoints:
+decisions, after one warm-up): snapshot, the shortlist (above 512 endpoints:
 ``routing/shortlist.py``; the copy of its rows is in the prefilter's time), prefilter, the
 policy's filters, the estimate kernel (forced here; in ``route`` the first scorer that
 reads an estimate runs it), scorers, the SLO preference (``_total``), the picker and the

@@ -50,7 +50,7 @@ from fleetgate.routing.compiled import compiled
 from fleetgate.routing.plugins.affinity import session_top
 from fleetgate.routing.types import Endpoint, IntArray, RoutingRequest, Snapshot
 
-SHORTLIST_FROM = 1024  # a model's candidates above which a decision looks at a shortlist
+SHORTLIST_FROM = 512  # a model's candidates above which a decision looks at a shortlist
 SHORTLIST_SIZE = 256  # the pools' windows together
 MIN_PER_POOL = 4
 RECENT = 32
