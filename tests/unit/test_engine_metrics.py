@@ -324,3 +324,37 @@ def test_unknown_engine_is_a_programming_error() -> None:
 def test_engine_load_none_means_unavailable() -> None:
     assert not EngineLoad().has_signals
     assert EngineLoad(running=0.0).has_signals
+
+
+@pytest.mark.parametrize(("fixture", "engine", "want"), FIXTURES)
+def test_hints_from_another_scrape_never_change_the_reading(fixture: str, engine: str,
+                                                            want: EngineLoad) -> None:
+    """The collector keeps where each family was per endpoint and looks there first. Read
+    with hints from the same body, from a body whose families all moved (a family added in
+    front: some move past the slack, some not) and from nonsense places, the load is the
+    same as without."""
+    text = fixture_text(fixture)
+    hints: dict[bytes, int] = {}
+    assert_load_equal(parse_engine_metrics(text, engine, hints), want)
+    assert_load_equal(parse_engine_metrics(text, engine, hints), want)
+    if want.has_signals:
+        assert hints, "no family was remembered"
+    for pad in (10, 600, 5000):  # a family added in front moves every other one
+        filler = "".join(f"# TYPE filler_{k} gauge\nfiller_{k} 1\n" for k in range(pad // 40))
+        assert_load_equal(parse_engine_metrics(filler + text, engine, dict(hints)), want)
+    assert_load_equal(parse_engine_metrics(text, engine, dict.fromkeys(hints, 0)), want)
+    assert_load_equal(parse_engine_metrics(text, engine, dict.fromkeys(hints, 10**9)), want)
+
+
+def test_a_hint_inside_a_family_starts_over() -> None:
+    """A search from the hint that lands on a family's second sample (the line before it is
+    not a comment) is not taken: the family is found from the start, every series of it."""
+    text = "\n".join([
+        "# TYPE vllm:num_requests_running gauge",
+        V.format(name="num_requests_running", engine="0", value=3),
+        V.format(name="num_requests_running", engine="1", value=4),
+    ]) + "\n"
+    second = text.index(V.format(name="num_requests_running", engine="1", value=4)) - 1
+    hints = {b"vllm:num_requests_running": second + 1024}  # its search starts at `second`
+    assert parse_engine_metrics(text, "vllm", hints).running == 7.0
+    assert hints[b"vllm:num_requests_running"] < second

@@ -90,11 +90,13 @@ _LINE_START = re.compile(rb"[#a-zA-Z_:]")
 _INDENTED = re.compile(rb"^[ \t]+", re.MULTILINE)
 _BLANK = b" \t\r\n"
 # A sample line in the canonical form both engines write (labels, value, optional timestamp).
+# Label values are matched as runs between escapes, not one character at a time through an
+# alternation: half the time on a line of vLLM's (0.7 us against 1.6).
 _SAMPLE = re.compile(
-    r'([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{((?:[a-zA-Z_]\w*="(?:[^"\\\n]|\\.)*",?)*)\})?'
+    r'([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{((?:[a-zA-Z_]\w*="[^"\\\n]*(?:\\.[^"\\\n]*)*",?)*)\})?'
     r"[ \t]+([-+]?(?:[0-9.]+(?:[eE][-+]?[0-9]+)?|Inf|NaN))(?:[ \t]+-?[0-9]+)?[ \t]*\r?"
 )
-_LABEL = re.compile(r'([a-zA-Z_]\w*)="((?:[^"\\\n]|\\.)*)"')
+_LABEL = re.compile(r'([a-zA-Z_]\w*)="([^"\\\n]*(?:\\.[^"\\\n]*)*)"')
 
 # (labels, value): labels as written (read only when needed: ``_labels``) or as parsed
 Series = list[tuple[str | dict[str, str], float]]
@@ -124,20 +126,33 @@ def _prepare(body: bytes) -> bytes:
     return body
 
 
-def _family_lines(body: bytes, name: bytes) -> list[str]:
+# How far before its last place a family is looked for first (values change length a little
+# from one scrape to the next; a family that moved further is found from the start).
+_HINT_SLACK = 1024
+
+
+def _family_lines(body: bytes, name: bytes, hints: dict[bytes, int] | None = None) -> list[str]:
     """The sample lines of metric ``name`` in ``body``, decoded (only they are).
 
-    ``bytes.find`` (C speed, ~1 us to a line 5 KB in; ~3 us through 63 KB for a name that
-    is absent) finds the first; the rest are looked for only up to the next comment line,
-    since the format keeps a family's samples in one group after its HELP and TYPE lines.
+    ``bytes.find`` finds the first: ~1 us to a line 5 KB in, ~19 us through 63 KB for a
+    name that is absent. With ``hints`` (where each family was in this engine's last body;
+    updated here) the search starts just before that place, and what it finds is taken only
+    if a comment line (the family's TYPE) comes right before it: then it is the family's
+    first sample, else the search starts over from the beginning. The rest of the family is
+    looked for only up to the next comment line, since the format keeps a family's samples
+    in one group after its HELP and TYPE lines.
     """
     needle = b"\n" + name
     if body.startswith(name):
         at = -1  # where the line's newline would be
     else:
-        at = body.find(needle)
+        at = -1 if hints is None else _hinted(body, needle, hints.get(name))
+        if at < 0:
+            at = body.find(needle)
         if at < 0:
             return []
+        if hints is not None:
+            hints[name] = at
     end = body.find(b"\n#", max(at, 0))
     if end < 0:
         end = len(body)
@@ -151,6 +166,18 @@ def _family_lines(body: bytes, name: bytes) -> list[str]:
         at = body.find(needle, stop, end)
         if at < 0:
             return out
+
+
+def _hinted(body: bytes, needle: bytes, hint: int | None) -> int:
+    """``needle``'s first place at or after ``hint`` less the slack, if the line before it is
+    a comment (the family starts there); else -1."""
+    if hint is None:
+        return -1
+    at = body.find(needle, max(hint - _HINT_SLACK, 0))
+    if at <= 0:
+        return -1
+    line = body.rfind(b"\n", 0, at) + 1
+    return at if body[line:line + 1] == b"#" else -1
 
 
 _AFTER_NAME = (b"{", b" ", b"\t")
@@ -220,12 +247,15 @@ def _resolve_table(body: bytes, engine: str) -> str | None:
     return None
 
 
-def parse_engine_metrics(text: str | bytes, engine: str) -> EngineLoad:
+def parse_engine_metrics(text: str | bytes, engine: str,
+                         hints: dict[bytes, int] | None = None) -> EngineLoad:
     """Read an :class:`EngineLoad` from ``/metrics`` text of an ``engine`` server (the body
     as it came: bytes; only the lines read are decoded).
 
     ``engine`` is a key of :data:`METRIC_NAMES` ("vllm", "sglang", "openai"); "openai"
-    reads whichever engine's families the text contains. Raises :class:`MetricsParseError`
+    reads whichever engine's families the text contains. ``hints``: a dict kept per
+    endpoint between its scrapes (where each family was), so that each family is looked for
+    near its last place, not from the start of the text. Raises :class:`MetricsParseError`
     if the text is not Prometheus exposition, ``ValueError`` for an unknown engine.
     """
     body = text.encode() if isinstance(text, str) else text
@@ -237,7 +267,7 @@ def parse_engine_metrics(text: str | bytes, engine: str) -> EngineLoad:
     samples: dict[str, Series] = {}
     for signal, names in _WANTED[key]:
         for name, raw in names:  # the first name the engine exposes
-            lines = _family_lines(body, raw)
+            lines = _family_lines(body, raw, hints)
             if lines:
                 _parse_lines(lines, samples)
                 series = samples.get(name)

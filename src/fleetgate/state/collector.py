@@ -85,6 +85,8 @@ class Collector:
         self.ticks = 0
         self.capacity: dict[str, EngineCapacity] = {}  # endpoint id -> its last report
         self._capacity_due = [0.0] * len(self._endpoints)  # clock time of the next read
+        # where each metric family was in the endpoint's last scrape (``parse_engine_metrics``)
+        self._hints: list[dict[bytes, int]] = [{} for _ in self._endpoints]
         self.shard: ScrapeShard | None = None  # set when replicas share the scraping
         self.visits = 0  # endpoint visits (probe and/or scrape) this replica made
 
@@ -224,7 +226,7 @@ class Collector:
                 raise MetricsParseError(f"HTTP {resp.status}")
             if len(body) > MAX_SCRAPE_BYTES:
                 raise MetricsParseError(f"{len(body)} bytes of metrics")
-            load = parse_engine_metrics(body, ep.engine)
+            load = parse_engine_metrics(body, ep.engine, self._hints[i])
         except (UpstreamError, MetricsParseError) as exc:
             self.scrape_errors[ep.id] += 1
             log.debug("scrape of %s failed: %s", ep.id, exc)
