@@ -200,3 +200,26 @@ def test_resource_and_batching_come_from_the_given_env() -> None:
     tracing.shutdown()
     with pytest.raises(ValueError, match="OTEL_TRACES_SAMPLER"):
         start_tracing({"OTEL_TRACES_EXPORTER": "console", "OTEL_TRACES_SAMPLER": "jaeger"})
+
+
+def test_route_span_runner_up_is_the_full_orders_second() -> None:
+    """The route span names the runner-up without ordering every candidate; on random
+    decisions (ties, NaN and infinite totals, filtered candidates, retry orders of one or
+    more) it is the second of ``Decision.full_order()``, as it was when the span used that."""
+    import numpy as np
+
+    from fleetgate.gateway.telemetry.routespan import _best_two
+    from fleetgate.routing import Decision
+
+    rng = np.random.default_rng(7)
+    for _ in range(2000):
+        n = int(rng.integers(1, 9))
+        total = rng.choice([0.1, 0.2, 0.5, np.nan, np.inf, -np.inf], size=n)
+        alive = rng.random(n) < 0.7
+        eligible = np.flatnonzero(alive)
+        if not len(eligible):
+            continue
+        head = rng.permutation(eligible)[:int(rng.integers(1, len(eligible) + 1))]
+        decision = Decision("p", "m", "r", idx=np.arange(n), order=head.astype(np.intp),
+                            total=total, alive=alive)
+        assert _best_two(decision, head.tolist()) == decision.full_order()[:2]

@@ -49,7 +49,7 @@ def decision_attributes(decision: Decision, max_tokens: int | None,
         return attrs
     endpoints, idx = decision.endpoints, decision.idx.tolist()
     attrs[n.ROUTE_ORDER] = [endpoints[idx[k]].id for k in head]
-    best = head[:2] if len(head) >= 2 else decision.full_order()[:2]
+    best = _best_two(decision, head)
     chosen = endpoints[idx[best[0]]]
     attrs[n.ROUTE_CHOSEN_VENDOR] = chosen.vendor
     attrs[n.ROUTE_CHOSEN_ACCELERATOR] = chosen.accelerator
@@ -71,6 +71,23 @@ def decision_attributes(decision: Decision, max_tokens: int | None,
     if cost is not None:
         attrs[n.ROUTE_ESTIMATED_COST] = cost
     return attrs
+
+
+def _best_two(decision: Decision, head: list[int]) -> list[int]:
+    """The chosen candidate and the runner-up, as ``decision.full_order()[:2]`` has them
+    (the next in retry order, else the best total of the other eligible ones, the first of
+    equals, NaN last) without ordering every candidate (a shortlist has hundreds)."""
+    total, alive = decision.total, decision.alive
+    if len(head) >= 2 or total is None or alive is None or len(alive) == 1:
+        return head[:2]
+    rest = np.flatnonzero(alive)
+    rest = rest[rest != head[0]]
+    if not len(rest):
+        return head
+    scored = rest[~np.isnan(total[rest])]
+    if not len(scored):
+        return [head[0], int(rest[0])]
+    return [head[0], int(scored[np.argmax(total[scored])])]
 
 
 def _estimated_cost(decision: Decision, k: int, columns: list[tuple[str, list[float]]],
