@@ -9,6 +9,7 @@ checked on real sockets.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -258,3 +259,26 @@ async def test_timeouts_say_what_arrived(serve: Serve) -> None:
     with pytest.raises(UpstreamError, match=r"nothing for 0\.05 s after 5 bytes"):
         await resp.read()
     await client.close()
+
+
+async def test_a_trickle_ends_at_the_total_deadline(serve: Serve) -> None:
+    """Bytes every 20 ms keep the read timeout (0.1 s) from firing; the one timer that also
+    holds the total deadline (0.3 s) ends the answer there, saying how much came."""
+    head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n"
+    srv = await serve(lambda k, _: head)
+    client = Http1Backend()
+    resp = await client.post(srv.url, b"{}", {}, Timeouts(connect=2.0, read=0.1, total=0.3))
+
+    async def trickle() -> None:
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            for _ in range(100):
+                await asyncio.sleep(0.02)
+                srv.writers[0].write(b"1\r\nx\r\n")
+
+    feeder = asyncio.create_task(trickle())
+    try:
+        with pytest.raises(UpstreamError, match=r"not complete within 0\.3 s \((\d+) bytes"):
+            await resp.read()
+    finally:
+        feeder.cancel()
+        await client.close()

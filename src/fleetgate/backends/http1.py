@@ -82,6 +82,8 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.read_s = 0.0
         self.last_data = 0.0
+        self.total_s = 0.0
+        self.total_at = 0.0  # loop time by which the whole answer must be in
         self.watchdog: asyncio.TimerHandle | None = None
         self.received = 0  # body bytes of this answer so far, as sent (before decoding)
         self.encoding = b""  # the answer's content-encoding, lower case
@@ -141,37 +143,47 @@ class _Connection(asyncio.Protocol):
         self._wake()
 
     # -- the exchange --------------------------------------------------------------------
-    def start(self, request: bytes, read_s: float) -> asyncio.Future[None]:
-        """Send one request; the future resolves when the answer's headers are in."""
+    def start(self, request: bytes, read_s: float, total_s: float) -> asyncio.Future[None]:
+        """Send one request; the future resolves when the answer's headers are in. The
+        answer must go no ``read_s`` without a byte and be whole within ``total_s``."""
         self.status, self.content_type, self.complete = 0, "application/json", False
         self.received, self.encoding, self.decoder = 0, b"", None
         self.pieces.clear()
         self.buffered, self.got_bytes, self.failure = 0, False, None
         self.headers_done = self.loop.create_future()
-        self.read_s, self.last_data = read_s, self.loop.time()
-        self.watchdog = self.loop.call_later(read_s, self._watch)
+        now = self.loop.time()
+        self.read_s, self.last_data = read_s, now
+        self.total_s, self.total_at = total_s, now + total_s
+        self.watchdog = self.loop.call_at(min(now + read_s, self.total_at), self._watch)
         assert self.transport is not None
         self.transport.write(request)
         return self.headers_done
 
     def _watch(self) -> None:
-        """The read timeout, one timer per request (not one per body piece): the engine has
-        sent nothing for ``read_s`` while the gateway was waiting for it."""
+        """Both timeouts on one timer per request (not one per body piece, nor one each):
+        the answer is not whole within ``total_s``, or the engine has sent nothing for
+        ``read_s`` while the gateway was waiting for it."""
         self.watchdog = None
         if self.complete or self.failure is not None or self.closed:
             return
+        now = self.loop.time()
+        if now >= self.total_at:
+            self._timed_out(f"upstream answer not complete within {self.total_s:g} s "
+                            f"({self.received} bytes of it received)")
+            return
         if self.paused or self.pieces:  # the gateway is behind, not the engine: look later
-            self.watchdog = self.loop.call_later(self.read_s, self._watch)
+            self.watchdog = self.loop.call_at(min(now + self.read_s, self.total_at),
+                                              self._watch)
             return
         due = self.last_data + self.read_s
-        if self.loop.time() >= due:
+        if now >= due:
             if not self.status:
                 self._timed_out(f"upstream sent no answer headers within {self.read_s:g} s")
             else:
                 self._timed_out(f"upstream sent nothing for {self.read_s:g} s after "
                                 f"{self.received} bytes of its answer")
             return
-        self.watchdog = self.loop.call_at(due, self._watch)
+        self.watchdog = self.loop.call_at(min(due, self.total_at), self._watch)
 
     def stop_watch(self) -> None:
         if self.watchdog is not None:
@@ -228,10 +240,6 @@ class _Connection(asyncio.Protocol):
         self._fail(UpstreamError("timeout", message))
         self.close()
 
-    def total_passed(self, total_s: float) -> None:
-        self._timed_out(f"upstream answer not complete within {total_s:g} s "
-                        f"({self.received} bytes of it received)")
-
     def _fail(self, error: UpstreamError) -> None:
         if self.failure is None:
             self.failure = error
@@ -253,16 +261,15 @@ class _Response:
     """``UpstreamResponse`` over one connection; gives it back to the pool when read to its
     end, closes it otherwise."""
 
-    __slots__ = ("_backend", "_conn", "_deadline", "_done", "content_type", "status")
+    __slots__ = ("_backend", "_conn", "_done", "content_type", "status")
 
     @property
     def received(self) -> int:
         """Body bytes of the answer so far, as the engine sent them."""
         return self._conn.received
 
-    def __init__(self, backend: Http1Backend, conn: _Connection,
-                 deadline: asyncio.TimerHandle) -> None:
-        self._backend, self._conn, self._deadline = backend, conn, deadline
+    def __init__(self, backend: Http1Backend, conn: _Connection) -> None:
+        self._backend, self._conn = backend, conn
         self._done = False
         self.status = conn.status
         self.content_type = conn.content_type
@@ -291,7 +298,6 @@ class _Response:
             return
         self._done = True
         conn = self._conn
-        self._deadline.cancel()
         conn.stop_watch()
         if conn.complete and conn.failure is None and conn.keep_alive and not conn.closed:
             self._backend.release(conn)
@@ -325,29 +331,25 @@ class Http1Backend:
         return await self._exchange(key, request, timeouts)
 
     async def _exchange(self, key: _Key, request: bytes, timeouts: Timeouts) -> UpstreamResponse:
-        loop = asyncio.get_running_loop()
         for reused in (True, False):
             conn = self._idle_connection(key) if reused else None
             if reused and conn is None:
                 continue
             if conn is None:
                 conn = await self._connect(key, timeouts.connect)
-            deadline = loop.call_later(timeouts.total, conn.total_passed, timeouts.total)
             try:
-                await conn.start(request, timeouts.read)
+                await conn.start(request, timeouts.read, timeouts.total)
             except UpstreamError:
-                deadline.cancel()
                 conn.stop_watch()
                 conn.close()
                 if reused and not conn.got_bytes:
                     continue  # the engine closed it while idle and never saw this request
                 raise
             except BaseException:
-                deadline.cancel()
                 conn.stop_watch()
                 conn.close()
                 raise
-            return _Response(self, conn, deadline)
+            return _Response(self, conn)
         raise AssertionError("unreachable")
 
     def release(self, conn: _Connection) -> None:
