@@ -3,7 +3,8 @@
 Two tests: the original one-point comparison below (means), and a bounded smoke of the
 fidelity matrix (``bench/fidelity_matrix.py``, ``make fidelity``: vLLM and SGLang, 8B and
 70B, light / medium / near-capacity load): two of its cells, short, at faster clocks than the
-full matrix, each figure (TTFT p50, TPOT p50, output throughput) within 10% as here.
+full matrix, each figure (TTFT p50, TPOT p50, output throughput) within 10% as here, but TTFT
+within 15% (CPU contention, at the test).
 
 The same requests (prompt token ids, exact output lengths, Poisson arrivals) go to a real
 emulated vLLM engine process (70B FP8 on one H200, clock 2x) by a streaming HTTP client, and
@@ -116,6 +117,10 @@ def test_fidelity_matrix_cell(name: str, speed: float, tmp_path: Path) -> None:
     print("\n" + fidelity_matrix.table([r], 0.10))
     assert not r.notes  # every live request answered, every prompt the planned length
     ttft, tpot, tput = r.ratios()
-    assert ttft == pytest.approx(1.0, rel=0.10)
+    # TTFT within 15% here, 10% in the full matrix (`make fidelity`): the live side's ~34 ms
+    # TTFT of the SGLang cell reads up to 12% high from CPU contention alone, as under `make
+    # test`'s two workers (2026-12-07: 1.085-1.125 with both cores busy, on this code and on
+    # the commit before, against 1.025-1.089 alone); TPOT and throughput stay within 1%.
+    assert ttft == pytest.approx(1.0, rel=0.15)
     assert tpot == pytest.approx(1.0, rel=0.10)
     assert tput == pytest.approx(1.0, rel=0.10)
