@@ -70,7 +70,8 @@ def random_fleet(rng: random.Random, n: int) -> LiveFleet:
     return live
 
 
-def reference(live: LiveFleet, i: int, req: RoutingRequest, slo: Slo) -> dict[str, float]:
+def reference(live: LiveFleet, i: int, req: RoutingRequest, slo: Slo,
+              now: float) -> dict[str, float]:
     """estimate.py's docstring, one endpoint at a time, in plain floats, from the raw state."""
     col = lambda name: float(live.column(name)[i])  # noqa: E731
     n, g = float(req.prompt_tokens_estimate), float(req.max_tokens or DEFAULT_MAX_TOKENS)
@@ -109,19 +110,22 @@ def reference(live: LiveFleet, i: int, req: RoutingRequest, slo: Slo) -> dict[st
     marginal = col("usd_per_s") * (
         k * g * slow * col("step_per_ctx_token_s") * ctx + col("k_ttft") * prefill * n
         + k * g * base / min(active + 1, b_slo)) if b_slo > 0 else math.inf
-    share = ((0.0 if math.isnan(rate) else rate) + n / 10.0) * prefill
+    recent = col("recent_prefill_tokens_per_s") * math.exp(min(col("prefill_at") - now, 0.0))
+    share = (recent + n / 1.0) * prefill  # of the last second, decayed to the decision
     usage = col("kv_usage")
     if math.isnan(usage):
         usage = min(active * ctx / col("kv_capacity_tokens"), 1.0)
-    within = active + 1 <= b_slo and (slo.tpot_s is None or share <= 0.4)
+    within = active + 1 <= b_slo
+    over_share = slo.tpot_s is not None and share > 0.7
     timely = (slo.tpot_s is None or tpot <= SLO_HEADROOM * slo.tpot_s) and (
         slo.ttft_s is None or ttft <= SLO_HEADROOM * slo.ttft_s)
-    meets = within and timely
+    meets = within and timely and not over_share
     return {"active": active, "tpot_s": tpot, "ttft_s": ttft, "e2e_s": ttft + tpot * (g - 1),
             "slo_capacity": b_slo, "usd_per_mtok": usd, "marginal_usd": marginal,
             "can_take": float(timely and active + 1 <= (b_slo if learned else 1.5 * b_slo)),
             "load": active / max(b_slo, 1.0),
-            "meets_slo": float(meets), "kv_headroom_tokens": (1 - usage) * col(
+            "meets_slo": float(meets), "over_share": float(within and timely and over_share),
+            "kv_headroom_tokens": (1 - usage) * col(
                 "kv_capacity_tokens"), "fits_context": float(col("max_model_len") >= n + g)}
 
 
@@ -129,14 +133,17 @@ def reference(live: LiveFleet, i: int, req: RoutingRequest, slo: Slo) -> dict[st
 def test_kernel_matches_the_documented_formulas(seed: int) -> None:
     rng = random.Random(seed)
     live = random_fleet(rng, rng.choice([1, 5, 40]))
-    snap = live.snapshot(rng.choice([1.0, 20.0]))
+    now = rng.choice([1.0, 1.5, 20.0])  # the recent prefill rate decays to the decision
+    snap = live.snapshot(now)
     idx = snap.by_model[(MODEL, "chat")]
-    for slo in (Slo(), Slo(ttft_s=1.5), Slo(tpot_s=0.03), Slo(ttft_s=0.5, tpot_s=0.004)):
+    for slo in (Slo(), Slo(ttft_s=1.5), Slo(tpot_s=0.03), Slo(ttft_s=0.5, tpot_s=0.004),
+                Slo(tpot_s=1.0)):
         req = RoutingRequest(model=MODEL, prompt_chars=rng.choice([0, 900, 20000]),
                              max_tokens=rng.choice([None, 1, 300, 6000]))
-        got = Estimates(snap, idx, req, slo).as_dict()
+        est = Estimates(snap, idx, req, slo)
+        got = {**est.as_dict(), "over_share": est.over_share}
         for k, i in enumerate(idx):
-            want = reference(live, int(i), req, slo)
+            want = reference(live, int(i), req, slo, now)
             for name, value in want.items():
                 assert got[name][k] == pytest.approx(value, rel=1e-9), (name, int(i), slo)
 

@@ -3,7 +3,8 @@ scaler.
 
 A hosted OpenAI-compatible API (``engine: openai``, ``price_per_mtok``, ``max_concurrency``)
 is priced at its tokens, predicted at its expected latency, ranked after every self-hosted
-endpoint that meets the SLO and before admission waits or sheds, charged per token, and
+endpoint that meets the SLO or fails only its prefill share, and before admission waits or
+sheds, charged per token, and
 neither scaled nor counted as paid-for capacity. Table-driven, in-process, no clocks.
 """
 
@@ -137,6 +138,36 @@ def test_a_cheaper_hosted_api_never_beats_an_idle_self_hosted_replica() -> None:
                                        ready_fleet(cfg).snapshot(1.0))
     order = [c.endpoint.pool for c in decision.ranked]
     assert order == ["own", "dear", "hosted"], decision.explain()
+
+
+def test_a_replica_over_its_prefill_share_goes_before_the_hosted_api_and_recovers_in_time(
+) -> None:
+    """A burst of long prompts takes the self-hosted replica past its prefill share of the
+    last second (``estimate.py``): it is still predicted within the SLO on average, so it
+    ranks ahead of the hosted API's overflow, though after a replica within every bound; the
+    share decays to the decision's instant, with no tick in between."""
+    second = {**OWN, "name": "second", "price_per_gpu_hour": 9.0,
+              "endpoints": ["http://10.0.0.2:8000"]}
+    cfg = config(OWN, second, HOSTED)
+    live = ready_fleet(cfg)
+    router = build_router(cfg)
+    req = RoutingRequest(model=MODEL, max_tokens=256, prompt_chars=4000)
+    first = router.route(req, live.snapshot(1.0))
+    assert first.chosen is not None and first.chosen.pool == "own"
+    for _ in range(8):  # 8 x 4,000-token prompts within the second: well over the share
+        live.on_dispatch(0, 1.0, prompt_tokens=4000)
+    burst = router.route(req, live.snapshot(1.05))
+    est = burst.estimates
+    assert est.over_share[0] == 1 and not est["meets_slo"][0] and est["can_take"][0] == 1
+    assert [c.endpoint.pool for c in burst.ranked] == ["second", "own", "hosted"], \
+        burst.explain()
+    live.on_dispatch(1, 1.05, prompt_tokens=40000)  # the second replica over its share too
+    both = router.route(req, live.snapshot(1.06))
+    assert [c.endpoint.pool for c in both.ranked] == ["own", "second", "hosted"], \
+        both.explain()  # by score (cost) among those over their share, the API last
+    later = router.route(req, live.snapshot(6.0))  # five seconds on, nothing else happened
+    assert later.estimates.over_share[0] == 0 and later.estimates["meets_slo"][0]
+    assert later.chosen is not None and later.chosen.pool == "own"
 
 
 def test_the_ledger_charges_a_hosted_api_per_token() -> None:

@@ -66,8 +66,10 @@ prior of ``prior.py`` corrected by the learned ``k_tpot``/``k_ttft``:
              (``plugins/cost.py``) fills busy replicas by it, up to their SLO capacity, and
              opens an idle one only when none has room, the one cheapest per token at
              capacity (``usd_per_mtok``), so whole replicas stay idle for a scaler
-    share  = (prefill_tokens_per_s + n / PREFILL_TAU_S) * prefill_per_token   (the share of
-             its time the endpoint would spend prefilling, this prompt included)
+    share  = (recent_prefill_tokens_per_s x exp(-(now - prefill_at) / RECENT_PREFILL_TAU_S)
+              + n / RECENT_PREFILL_TAU_S) * prefill_per_token   (the share of the last second
+             the endpoint spends prefilling, this prompt included: the recent rate decayed
+             to the decision's instant)
     meets_slo = tpot <= 0.8 * slo_tpot and ttft <= 0.8 * slo_ttft and active + 1 <= B_slo
              and (no TPOT SLO or share <= MAX_SLO_PREFILL_SHARE)
              (20% headroom: the predictions are averages, the SLO is judged per request.
@@ -76,7 +78,16 @@ prior of ``prior.py`` corrected by the learned ``k_tpot``/``k_ttft``:
              batch, and the more prompts one replica takes, the likelier that step is. With
              the request's marginal price packing busy replicas, their prefill share is what
              gave way first: 98.4-98.9% within the SLO on the shipped and a ten-replica fleet
-             without the bound, 99.6% with it at 0.4; BENCHMARKS.md, issue 22)
+             without the bound. The share is read over about one second, a short answer's
+             life, not over the ten seconds of ``rho``: a ten-second average lets a burst in
+             and then refuses the replica long after it; 0.7 of one second against 0.4 of ten
+             held 99% wherever least_loaded does on the whole scenario matrix (and on 13 of its
+             cells at a second seed) and cost less in 22 of its 26 cells; BENCHMARKS.md,
+             issue 22)
+    over_share = 1 when the request meets every other condition of meets_slo and fails only
+             the prefill share (self-hosted endpoints only): the pipeline ranks those after
+             the endpoints that meet the SLO and before a hosted API's overflow
+             (``pipeline.py``)
     can_take = the same without the prefill share, and with the prior's B_slo stretched to
              what the learned capacity may grow to (LEARNED_GROWTH x) while nothing is
              learned: 1 when this request would still be predicted within the SLO there
@@ -91,8 +102,9 @@ has no replica time to model or pay for: tpot = k_tpot x its expected TPOT, ttft
 its expected TTFT at any load, B_slo = B_max = its ``max_concurrency``, usd_per_mtok = its
 output price plus its input price x n_typ / g_typ, marginal_usd = n x input price + g x
 output price (what this request will be charged), meets_slo = can_take = timely and
-active + 1 <= max_concurrency. The cost scorer ranks it after every self-hosted endpoint
-(``plugins/cost.py``), so it takes only what self-hosted capacity cannot within the SLO.
+active + 1 <= max_concurrency, over_share = 0. The cost scorer ranks it after every
+self-hosted endpoint (``plugins/cost.py``), and the pipeline after the self-hosted ones that
+fail only the prefill share, so it takes only what self-hosted capacity cannot within the SLO.
 
 The loop (numba) costs ~10 ns a candidate; as whole-column numpy operations the same
 formulas took ~60 calls whose fixed cost dominated a decision at any fleet size
@@ -127,8 +139,9 @@ SLO_HEADROOM = 0.8
 MAX_PREFILL_SHARE = 0.9
 PREFILL_STEP_TOKENS = 8192.0  # a step's token budget: vLLM's and SGLang's defaults
 LEARNED_GROWTH = 1.5
-MAX_SLO_PREFILL_SHARE = 0.4
+MAX_SLO_PREFILL_SHARE = 0.7  # of the last second (RECENT_PREFILL_TAU_S)
 PREFILL_TAU_S = 10.0  # state/live.py's time constant of prefill_tokens_per_s
+RECENT_PREFILL_TAU_S = 1.0  # and of recent_prefill_tokens_per_s
 NAMES = ("ttft_s", "tpot_s", "e2e_s", "usd_per_mtok", "marginal_usd", "slo_capacity",
          "active", "load", "meets_slo", "kv_headroom_tokens", "fits_context", "prefill_s",
          "can_take")
@@ -159,7 +172,8 @@ class Slo:
 # The snapshot rows the kernel reads, passed in (never baked into numba's on-disk cache).
 _LIVE_IN = np.array([LIVE_ROW[name] for name in (
     "active", "queued", "kv_usage", "k_tpot", "k_ttft", "prefill_tokens_per_s", "slo_limit",
-    "slo_knee", "prompt_tokens_mean", "output_tokens_mean", "output_tokens_p2")],
+    "slo_knee", "prompt_tokens_mean", "output_tokens_mean", "output_tokens_p2",
+    "recent_prefill_tokens_per_s", "prefill_at")],
     dtype=np.intp)
 _STATIC_IN = np.array([STATIC_ROW[name] for name in (
     "step_base_s", "step_per_ctx_token_s", "prefill_s_per_token", "kv_capacity_tokens",
@@ -172,7 +186,7 @@ _NO_HITS = np.zeros(0)
 _USABLE_IN = np.array([LIVE_ROW["usable_from"], LIVE_ROW["stale_at"]], dtype=np.intp)
 # The rows the kernel writes, in order.
 KERNEL_ROWS = ("b_max", "tpot_s", "ttft_s", "e2e_s", "slo_capacity", "usd_per_mtok", "load",
-               "kv_headroom_tokens", "can_take", "marginal_usd")
+               "kv_headroom_tokens", "can_take", "marginal_usd", "over_share")
 
 
 @compiled
@@ -203,7 +217,8 @@ def prior_tpot(static: FloatArray, i: int, prompt_tokens: float, output_tokens: 
 @compiled
 def _kernel(live: FloatArray, static: FloatArray, live_in: IntArray, static_in: IntArray,
             idx: IntArray, rows: IntArray, n_sent: float, g: float, hits: FloatArray,
-            tpot_limit: float, ttft_limit: float, out: FloatArray, meets: BoolArray) -> None:
+            tpot_limit: float, ttft_limit: float, now: float, out: FloatArray,
+            meets: BoolArray) -> None:
     """The module docstring's formulas for candidates ``idx``, one pass (compiled by numba):
     candidate j's static column is ``idx[j]``, its live one ``rows[j]``.
 
@@ -211,7 +226,7 @@ def _kernel(live: FloatArray, static: FloatArray, live_in: IntArray, static_in: 
     unknown prediction does not fail an SLO nobody set).
     """
     (active_r, queued_r, kv_usage_r, k_tpot_r, k_ttft_r, prefill_rate_r, limit_r, knee_r,
-     typ_n_r, typ_g_r, short_r) = live_in
+     typ_n_r, typ_g_r, short_r, recent_r, prefill_at_r) = live_in
     base_r, per_ctx_r, prefill_r, kv_cap_r, max_batch_r, usd_r = static_in[:6]
     ctx = n_sent + g / 2
     full = n_sent + g
@@ -251,10 +266,13 @@ def _kernel(live: FloatArray, static: FloatArray, live_in: IntArray, static_in: 
             limit = min(max(np.floor(limit), 1.0), b_max)
             batch = (limit if live[knee_r, r] > 0
                      else min(max(limit, batch), batch * LEARNED_GROWTH))
-        rate = live[prefill_rate_r, r] if live[prefill_rate_r, r] > 0 else 0.0
-        share = (rate + n / PREFILL_TAU_S) * static[prefill_r, i]  # with this prompt
-        within = active + 1.0 <= batch and (tpot_limit == np.inf
-                                            or share <= MAX_SLO_PREFILL_SHARE)
+        rate = live[recent_r, r] if live[recent_r, r] > 0 else 0.0
+        since = live[prefill_at_r, r] - now
+        if since < 0:
+            rate *= np.exp(since / RECENT_PREFILL_TAU_S)  # decayed to this instant
+        share = (rate + n / RECENT_PREFILL_TAU_S) * static[prefill_r, i]  # with this prompt
+        over_share = tpot_limit < np.inf and share > MAX_SLO_PREFILL_SHARE
+        within = active + 1.0 <= batch
         usage = live[kv_usage_r, r]
         if np.isnan(usage):
             usage = min(active * ctx / cap, 1.0)
@@ -270,7 +288,8 @@ def _kernel(live: FloatArray, static: FloatArray, live_in: IntArray, static_in: 
         out[7, j] = (1.0 - usage) * cap
         timely = ((tpot_limit == np.inf or tpot <= tpot_limit)
                   and (ttft_limit == np.inf or ttft <= ttft_limit))
-        meets[j] = within and timely
+        meets[j] = within and timely and not over_share
+        out[10, j] = 1.0 if within and timely and over_share else 0.0
         room = batch if learned else LEARNED_GROWTH * batch  # cold: what the prior may grow to
         out[8, j] = 1.0 if timely and active + 1.0 <= room else 0.0
         if batch > 0:
@@ -305,6 +324,7 @@ def _hosted(live: FloatArray, static: FloatArray, live_in: IntArray, static_in: 
     out[7, j] = max(cap - active, 0.0) * (n + g)
     out[8, j] = 1.0 if timely and room else 0.0
     out[9, j] = usd_in * n + usd_out * g
+    out[10, j] = 0.0
     meets[j] = timely and room
 
 
@@ -429,7 +449,7 @@ class Estimates:
         hits = self.prefix_chunks[positions] * CHUNK_TOKENS if self._hashes else _NO_HITS
         _kernel(self._live, self._static, _LIVE_IN, _STATIC_IN, idx, self._rows[positions],
                 self._n, self._g, hits, np.inf if tpot is None else SLO_HEADROOM * tpot,
-                np.inf if ttft is None else SLO_HEADROOM * ttft, out, meets)
+                np.inf if ttft is None else SLO_HEADROOM * ttft, self._now, out, meets)
         return out, meets
 
     @lazy
@@ -451,6 +471,7 @@ class Estimates:
     kv_headroom_tokens = _KernelRow("kv_headroom_tokens")
     can_take = _KernelRow("can_take")
     marginal_usd = _KernelRow("marginal_usd")
+    over_share = _KernelRow("over_share")
 
     @property
     def meets_slo(self) -> BoolArray:
@@ -465,7 +486,7 @@ def _warm_up() -> None:
         matrix.setflags(write=False)
     one = np.zeros(1, dtype=np.intp)
     for hits in (np.zeros(0), np.zeros(1)):
-        _kernel(live, static, _LIVE_IN, _STATIC_IN, one, one, 1.0, 1.0, hits, 1.0, np.inf,
+        _kernel(live, static, _LIVE_IN, _STATIC_IN, one, one, 1.0, 1.0, hits, 1.0, np.inf, 0.0,
                 np.empty((len(KERNEL_ROWS), 1)), np.empty(1, dtype=bool))
     _usable(live, _USABLE_IN, one, 0.0, np.empty(1, dtype=bool))
 

@@ -104,7 +104,11 @@ class Pipeline:
 
     def _total(self, scores: dict[str, Any], est: Estimates, alive: Any,
                left: int) -> tuple[Any, str, bool]:
-        """The weighted score, in [0,1]; with an SLO preference, in [0,2] (see the module)."""
+        """The weighted score, in [0,1]; with an SLO preference (``strategies.py``), in [0,4]:
+        the endpoints predicted to meet the SLO by score, then the self-hosted ones that fail
+        only their prefill share (``estimate.py`` ``over_share``: within the SLO on average,
+        a risk to its tail) by score, then a hosted API that meets the SLO (overflow: it
+        takes only what self-hosted capacity cannot), then the rest fastest-first."""
         if not self._weights:
             total = np.zeros(len(alive))
         elif len(self.scorers) == 1:
@@ -120,10 +124,18 @@ class Pipeline:
         if meeting == left:
             return total, "meets the SLO: best score (cheapest)", False
         fastest = normalise_min_over(est.e2e_s, alive)
-        if not meeting:
-            return fastest, "no endpoint is predicted to meet the SLO: fastest first", True
-        return np.where(meets, 1.0 + total, fastest * 0.999), \
-            "cheapest predicted to meet the SLO; the rest fastest-first", False
+        over_share = (est.over_share > 0) & alive
+        if not np.any(over_share):
+            if not meeting:
+                return fastest, "no endpoint is predicted to meet the SLO: fastest first", True
+            return np.where(meets, 1.0 + total, fastest * 0.999), \
+                "cheapest predicted to meet the SLO; the rest fastest-first", False
+        hosted = est.column("per_token") > 0
+        tiered = np.where(meets & ~hosted, 3.0 + total,
+                          np.where(over_share, 2.0 + total,
+                                   np.where(meets, 1.0 + total, fastest * 0.999)))
+        return tiered, ("cheapest predicted to meet the SLO; then those over their prefill "
+                        "share, then a hosted API's overflow; the rest fastest-first"), False
 
 
 def context_limit(req: RoutingRequest, contexts: Any) -> int | None:

@@ -186,8 +186,8 @@ class PrefixLookup(Protocol):
 
 # The live rows a decision reads (and a snapshot copies), then the ones it does not.
 ROUTED_COLUMNS = ("active", "queued", "kv_usage", "k_tpot", "k_ttft", "prefill_tokens_per_s",
-                  "slo_limit", "slo_knee", "prompt_tokens_mean", "output_tokens_mean",
-                  "output_tokens_p2", "health",
+                  "recent_prefill_tokens_per_s", "prefill_at", "slo_limit", "slo_knee",
+                  "prompt_tokens_mean", "output_tokens_mean", "output_tokens_p2", "health",
                   "usable_from", "stale_at")
 LIVE_COLUMNS = (
     *ROUTED_COLUMNS, "in_flight", "running", "ttft_s", "tpot_s", "tokens_per_s", "block_until",
@@ -207,7 +207,9 @@ class Snapshot:
     on the endpoint: max(this gateway's in-flight + the other replicas', the engine's running
     + queued)), ``queued`` (engine waiting queue from the last scrape plus dispatches since),
     ``kv_usage`` (0..1), ``k_tpot``/``k_ttft`` (learned corrections of the prior),
-    ``prefill_tokens_per_s`` (prompt tokens dispatched to it per second, recently),
+    ``prefill_tokens_per_s`` (prompt tokens dispatched to it per second, recently: over
+    ~10 s), ``recent_prefill_tokens_per_s`` (the same over ~1 s) and ``prefill_at`` (when
+    both were last decayed),
     ``slo_limit`` (how many requests it runs within the SLO, learned by its class:
     ``state/slo_capacity.py``; NaN: none yet), ``slo_knee`` (1: that capacity is where
     misses were seen to rise, 0: only the loads seen so far),

@@ -14,15 +14,17 @@ shape (the prompt and answer means the gateway has seen, less what the prefix ca
 under the SLO the scaler is given; the median over the pool's slots. That is the smaller of
 the router's B_slo from the catalog prior as corrected by the class's learned speed
 (``k_tpot``, ``k_ttft``: learned from every finished request's latency), and, under a TPOT
-SLO, the requests the router's own prefill share bound (``MAX_SLO_PREFILL_SHARE`` of a
-replica's time on prompts) lets in, each staying as long as a request does at that load
-(``_capacity``). Measured on the scenario fleets (BENCHMARKS.md, issue 23): with B_slo
-alone the scaler bought half the replicas the router fills on 1,500-token prompts
-(amd-cheap at 60% load: 93.8% within the SLO; 99.1% with the share bound); with the
-learned knee of ``state/slo_capacity.py`` in place of the prior's B_slo, the H100 class's
-capacity swung between 7 and 60 from one tick to the next under the cost router's packing
-and the bill followed it (nvidia-cheap at 60%, 900 s: $10.46 against $6.26 with the prior,
-both 99.0% within the SLO).
+SLO, the requests the router's own prefill share bound lets in at a steady rate
+(``STEADY_PREFILL_SHARE`` of a replica's time on prompts: the router bounds the share of the
+last second at ``MAX_SLO_PREFILL_SHARE``, which a steady stream of prompts cannot fill, as
+arrivals come in clumps; 0.4 is the share the scaler's matrix was measured at), each
+staying as long as a request does at that load (``_capacity``). Measured on the scenario
+fleets (BENCHMARKS.md, issue 23): with B_slo alone the scaler bought half the replicas the
+router fills on 1,500-token prompts (amd-cheap at 60% load: 93.8% within the SLO; 99.1%
+with the share bound); with the learned knee of ``state/slo_capacity.py`` in place of the
+prior's B_slo, the H100 class's capacity swung between 7 and 60 from one tick to the next
+under the cost router's packing and the bill followed it (nvidia-cheap at 60%, 900 s:
+$10.46 against $6.26 with the prior, both 99.0% within the SLO).
 
 A hosted API priced per token (``price_per_mtok``) is neither scaled nor paid-for capacity:
 its PoolState has no replicas, no capacity and no price, so it covers none of the demand;
@@ -44,7 +46,6 @@ from fleetgate.config.schema import AutoscaleConfig, FleetConfig
 from fleetgate.routing import Endpoint, RoutingRequest
 from fleetgate.routing.estimate import (
     DEFAULT_MAX_TOKENS,
-    MAX_SLO_PREFILL_SHARE,
     Estimates,
     Slo,
 )
@@ -136,12 +137,14 @@ def changes(pool: ScaledPool, desired: int, live: LiveFleet) -> tuple[list[int],
         return [], order[:have - desired]
     return [], []
 
+STEADY_PREFILL_SHARE = 0.4
+
 
 def _capacity(live: LiveFleet, snap: Snapshot, idx: IntArray, request: RoutingRequest,
               slo: Slo) -> float:
     """One replica's SLO capacity in requests (module docstring), the median over the pool's
     slots: the router's B_slo, and under a TPOT SLO at most what the router's prefill share
-    bound lets in: ``rate = MAX_SLO_PREFILL_SHARE / (prefill time of a typical prompt)``
+    bound lets in: ``rate = STEADY_PREFILL_SHARE / (prefill time of a typical prompt)``
     prompts a second, each staying ``TTFT + (g - 1) x TPOT(c)`` at ``c`` running (the prior's
     step at that batch, the learned correction, decode slowed by the prefill share), so
     ``c = min(B_slo, rate x stay(c))``: a fixed point, reached from above in a few steps."""
@@ -153,10 +156,10 @@ def _capacity(live: LiveFleet, snap: Snapshot, idx: IntArray, request: RoutingRe
         return float(np.median(caps))
     n, g = float(request.prompt_tokens_estimate), float(request.max_tokens or 1)
     col = est.column
-    rate = MAX_SLO_PREFILL_SHARE / np.maximum(col("prefill_s_per_token") * n, 1e-12)
+    rate = STEADY_PREFILL_SHARE / np.maximum(col("prefill_s_per_token") * n, 1e-12)
     b_max = np.maximum(np.floor(np.minimum(col("max_batch"), col("kv_capacity_tokens") / (n + g))),
                        1.0)
-    slow = col("k_tpot") / (1.0 - MAX_SLO_PREFILL_SHARE)
+    slow = col("k_tpot") / (1.0 - STEADY_PREFILL_SHARE)
     ttft = np.asarray(est["ttft_s"], dtype=float)
     c = caps
     for _ in range(6):

@@ -12,7 +12,10 @@ What it keeps, per endpoint:
   the scrape is stale, never 0.
 - ``prefill_tokens_per_s``: prompt tokens this gateway sent the endpoint per second, as an
   exponentially decaying count (time constant ``PREFILL_TAU_S``): how much of the engine's
-  time prompts take from the decodes (``routing/estimate.py``); ``prompt_tokens_mean`` and
+  time prompts take from the decodes (``routing/estimate.py``); ``recent_prefill_tokens_per_s``
+  the same over about a second (``RECENT_PREFILL_TAU_S``: the router's prefill share bound),
+  both brought up to date at ``prefill_at`` (the router decays the recent one to its own
+  instant); ``prompt_tokens_mean`` and
   ``output_tokens_mean``, the workload's request shape: EWMAs over every prompt sent and
   every answer finished, and ``output_tokens_p2``, the 2nd percentile of answers (one value
   each for the whole fleet).
@@ -45,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from fleetgate.routing.estimate import PREFILL_TAU_S, prior_tpot
+from fleetgate.routing.estimate import PREFILL_TAU_S, RECENT_PREFILL_TAU_S, prior_tpot
 from fleetgate.routing.shortlist import SHORTLIST_FROM
 from fleetgate.routing.types import (
     HEALTH_CODES,
@@ -74,8 +77,11 @@ _IN_FLIGHT, _PEER_IN_FLIGHT = _ROW["in_flight"], _ROW["peer_in_flight"]
 _RUNNING, _QUEUED, _ACTIVE = _ROW["running"], _ROW["queued"], _ROW["active"]
 _HEALTH, _BLOCK, _PEER_BLOCK = _ROW["health"], _ROW["block_until"], _ROW["peer_block_until"]
 _CONTACT, _USABLE_FROM, _STALE_AT = _ROW["last_contact"], _ROW["usable_from"], _ROW["stale_at"]
+_PREFILL_RATE, _RECENT_RATE, _PREFILL_AT = (
+    _ROW[name] for name in ("prefill_tokens_per_s", "recent_prefill_tokens_per_s", "prefill_at"))
 _NOT_READY, _PENDING = HEALTH_CODES["not_ready"], HEALTH_CODES["pending"]
-_NOT_DESCRIBED = ("health", "block_until", "last_contact", "usable_from", "stale_at")
+_NOT_DESCRIBED = ("health", "block_until", "last_contact", "usable_from", "stale_at",
+                  "prefill_at")
 # What a new generation takes over from the old one for an endpoint at the same URL: what
 # the engine is doing and how it has behaved. The corrections of the prior only carry over
 # when the prior is the same (same GPU, model, TP, speed).
@@ -94,7 +100,6 @@ class EndpointStats:
     dispatched_since_scrape: int = 0
     scraped_waiting: float = math.nan
     last_scrape_at: float = -math.inf
-    prefill_at: float = -math.inf  # when prefill_tokens_per_s was last brought up to date
     last_gen_total: float = math.nan
     e2e_s: float = math.nan
     requests: int = 0
@@ -113,10 +118,11 @@ class LiveFleet:
         n = len(self.endpoints)
         self._live = np.full((len(LIVE_COLUMNS), n), np.nan)
         for name in ("in_flight", "queued", "health", "block_until", "error_rate",
-                     "prefill_tokens_per_s",
+                     "prefill_tokens_per_s", "recent_prefill_tokens_per_s",
                      "peer_in_flight", "peer_block_until", "active", "usable_from"):
             self._live[_ROW[name]] = 0.0
         self._live[_ROW["k_tpot"]] = self._live[_ROW["k_ttft"]] = 1.0
+        self._live[_PREFILL_AT] = -np.inf
         self._live[_ROW["last_contact"]] = -np.inf
         self._live[_STALE_AT] = np.inf  # pending: never stale before the first contact
         by_endpoint = _endpoint_columns(self.endpoints)
@@ -218,7 +224,8 @@ class LiveFleet:
         st.requests += 1
         st.breaker.on_dispatch(now)
         self._decay_prefill(i, now)
-        self._live[_ROW["prefill_tokens_per_s"], i] += prompt_tokens / PREFILL_TAU_S
+        self._live[_PREFILL_RATE, i] += prompt_tokens / PREFILL_TAU_S
+        self._live[_RECENT_RATE, i] += prompt_tokens / RECENT_PREFILL_TAU_S
         if prompt_tokens:  # the workload's, not the endpoint's: the router's choices bias those
             self._workload_mean("prompt_tokens_mean", prompt_tokens)
         if st.breaker.state == "half_open":
@@ -439,11 +446,12 @@ class LiveFleet:
         row.fill(max(1.0, old - step if value < old else old + step * q / (1 - q)))
 
     def _decay_prefill(self, i: int, now: float) -> None:
-        st = self.stats[i]
-        if now > st.prefill_at:
-            self._live[_ROW["prefill_tokens_per_s"], i] *= math.exp(
-                (st.prefill_at - now) / PREFILL_TAU_S)
-            st.prefill_at = now
+        col = self._live[:, i]
+        since = col[_PREFILL_AT] - now
+        if since < 0:
+            col[_PREFILL_RATE] *= math.exp(since / PREFILL_TAU_S)
+            col[_RECENT_RATE] *= math.exp(since / RECENT_PREFILL_TAU_S)
+            col[_PREFILL_AT] = now
 
     def _derive_active(self, i: int) -> None:
         """active = max(ours + peers', the engine's running + queued); NaN running -> ours."""
