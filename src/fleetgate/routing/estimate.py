@@ -82,7 +82,7 @@ prior of ``prior.py`` corrected by the learned ``k_tpot``/``k_ttft``:
              life, not over the ten seconds of ``rho``: a ten-second average lets a burst in
              and then refuses the replica long after it; 0.7 of one second against 0.4 of ten
              held 99% wherever least_loaded does on the whole scenario matrix (and on 13 of its
-             cells at a second seed) and cost less in 22 of its 26 cells; BENCHMARKS.md,
+             cells at a second seed) and cost less in 23 of its 26 cells; BENCHMARKS.md,
              issue 22)
     over_share = 1 when the request meets every other condition of meets_slo and fails only
              the prefill share (self-hosted endpoints only): the pipeline ranks those after
