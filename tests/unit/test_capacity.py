@@ -230,6 +230,13 @@ def engine(monkeypatch: pytest.MonkeyPatch) -> _Engine:
     monkeypatch.setattr(collector_module, "probe", fake.probe)
     monkeypatch.setattr(collector_module, "read_capacity", fake.read)
     monkeypatch.setattr(Collector, "_scrape", lambda self, ep, i: fake.scrape(ep))
+
+    async def probe_and_scrape(self: Collector, ep: Endpoint, i: int,
+                               ) -> tuple[ProbeResult, EngineLoad | None]:
+        health = await fake.probe()
+        return health, (await fake.scrape(ep) if health.ok else None)
+
+    monkeypatch.setattr(Collector, "_probe_and_scrape", probe_and_scrape)
     return fake
 
 

@@ -55,8 +55,8 @@ class Server:
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
-                length = int(next(ln.split(b":")[1] for ln in head.split(b"\r\n")
-                                  if ln.lower().startswith(b"content-length")))
+                length = int(next((ln.split(b":")[1] for ln in head.split(b"\r\n")
+                                   if ln.lower().startswith(b"content-length")), b"0"))
                 request = head + await reader.readexactly(length)
                 self.requests.append(request)
                 answer = self.script(len(self.requests) - 1, request)
@@ -305,4 +305,140 @@ async def test_engines_that_went_away_leave_nothing_in_the_pool(serve: Serve) ->
         await (await client.post(stays.url, b"{}", {}, FAST)).read()
     assert list(client._idle) == [http1._parse(stays.url)[0]]
     assert stays.connections == 1
+    await client.close()
+
+
+# -- issue 26: a probe and a scrape pipelined on one connection ------------------------------
+HEALTHY = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"
+METRICS = b"vllm:num_requests_running 3\n"
+
+
+def _pair_urls(srv: Server) -> tuple[str, str]:
+    base = srv.url.rsplit("/v1/", 1)[0]
+    return base + "/health", base + "/metrics"
+
+
+async def test_a_pipelined_pair_is_one_write_and_two_answers_in_order(serve: Serve) -> None:
+    srv = await serve(lambda k, req: HEALTHY if req.startswith(b"GET /health") else
+                      plain(METRICS, b"x-n: %d\r\n" % k))
+    client = Http1Backend()
+    health, metrics = _pair_urls(srv)
+    for _ in range(2):
+        status, second = await client.get_pair(health, {"authorization": "Bearer k"},
+                                               metrics, {"accept": "text/plain"}, FAST)
+        assert status == 200 and not isinstance(second, UpstreamError) and second is not None
+        assert second.status == 200 and await second.read() == METRICS
+    resp = await client.get(metrics, None, FAST)  # the connection went back to the pool
+    assert await resp.read() == METRICS and srv.connections == 1
+    assert [r.split(b" ", 2)[1] for r in srv.requests] == [b"/health", b"/metrics"] * 2 + \
+        [b"/metrics"]
+    assert b"authorization: Bearer k\r\n" in srv.requests[0]
+    assert b"accept: text/plain\r\n" in srv.requests[1]
+    await client.close()
+
+
+async def test_both_requests_go_out_before_any_answer(serve: Serve) -> None:
+    srv = await serve(lambda k, _: None)  # reads every request, answers none
+    client = Http1Backend()
+    health, metrics = _pair_urls(srv)
+    with pytest.raises(UpstreamError) as caught:  # no answer to the probe: it failed
+        await client.get_pair(health, None, metrics, None, Timeouts(2.0, 0.3, 2.0))
+    assert caught.value.kind == "timeout"
+    assert [r.split(b" ", 2)[1] for r in srv.requests] == [b"/health", b"/metrics"]
+    await client.close()
+
+
+async def test_a_failing_probe_drops_the_second_answer(serve: Serve) -> None:
+    srv = await serve(lambda k, req: b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 4"
+                      b"\r\n\r\ndown" if req.startswith(b"GET /health") else plain(METRICS))
+    client = Http1Backend()
+    health, metrics = _pair_urls(srv)
+    assert await client.get_pair(health, None, metrics, None, FAST) == (503, None)
+    assert not client._idle  # the second answer was not read: its connection is closed
+    assert await (await client.get(metrics, None, FAST)).read() == METRICS
+    assert srv.connections == 2
+    await client.close()
+
+
+@pytest.mark.parametrize("announced", [True, False])
+async def test_a_connection_closed_after_the_first_answer_asks_again(
+        serve: Serve, announced: bool) -> None:
+    """``connection: close`` on the probe's answer (or a close without it): the engine
+    never answered the scrape on that connection, so it is asked on a new one."""
+    srv: Server
+
+    def script(k: int, req: bytes) -> bytes | None:
+        if req.startswith(b"GET /health"):
+            if k == 0:  # answered, then the connection closed: the scrape is not answered
+                srv.writers[0].write(HEALTHY[:-2] + (b"connection: close\r\n\r\n"
+                                                     if announced else b"\r\n"))
+                srv.writers[0].close()
+                return None
+            return HEALTHY
+        return plain(METRICS)
+
+    srv = await serve(script)
+    client = Http1Backend()
+    health, metrics = _pair_urls(srv)
+    status, second = await client.get_pair(health, None, metrics, None, FAST)
+    assert status == 200 and not isinstance(second, UpstreamError) and second is not None
+    assert await second.read() == METRICS
+    assert srv.connections == 2
+    await client.close()
+
+
+async def test_a_slow_second_answer_times_out_alone(serve: Serve) -> None:
+    srv = await serve(lambda k, req: HEALTHY if req.startswith(b"GET /health") else None)
+    client = Http1Backend()
+    health, metrics = _pair_urls(srv)
+    status, second = await client.get_pair(health, None, metrics, None, Timeouts(2.0, 0.3, 2.0))
+    assert status == 200 and isinstance(second, UpstreamError) and second.kind == "timeout"
+    assert "no answer headers within 0.3 s" in str(second)
+    assert not client._idle
+    await client.close()
+
+
+async def test_the_first_answer_fails_as_a_lone_one_would(serve: Serve) -> None:
+    """What a probe alone would get: a bad encoding, a bad gzip body, bad HTTP, a refused
+    connect; and a gzip body that decodes passes."""
+    client = Http1Backend()
+    for answer, kind in [
+        (HEALTHY[:-2] + b"content-encoding: br\r\n\r\n", "protocol"),
+        (b"HTTP/1.1 200 OK\r\ncontent-encoding: gzip\r\ncontent-length: 4\r\n\r\nnope",
+         "protocol"),
+        (b"NOT HTTP AT ALL\r\n\r\n", "protocol"),
+    ]:
+        def script(k: int, req: bytes, a: bytes = answer) -> bytes:
+            return a if req.startswith(b"GET /health") else plain(METRICS)
+
+        srv = await serve(script)
+        with pytest.raises(UpstreamError) as caught:
+            await client.get_pair(*_pair_urls(srv)[:1], None, _pair_urls(srv)[1], None, FAST)
+        assert caught.value.kind == kind
+    packed = gzip.compress(b"ok")
+    srv = await serve(lambda k, req: plain(packed, b"content-encoding: gzip\r\n")
+                      if req.startswith(b"GET /health") else plain(METRICS))
+    status, second = await client.get_pair(_pair_urls(srv)[0], None, _pair_urls(srv)[1], None,
+                                           FAST)
+    assert status == 200 and not isinstance(second, UpstreamError) and second is not None
+    assert await second.read() == METRICS
+    with pytest.raises(UpstreamError) as caught:
+        await client.get_pair("http://127.0.0.1:9/health", None, "http://127.0.0.1:9/metrics",
+                              None, FAST)
+    assert caught.value.kind == "connect"
+    await client.close()
+
+
+async def test_a_pair_on_an_idle_connection_the_engine_closed_is_sent_again(
+        serve: Serve) -> None:
+    srv = await serve(lambda k, req: HEALTHY if req.startswith(b"GET /health") else plain(METRICS))
+    client = Http1Backend()
+    health, metrics = _pair_urls(srv)
+    await (await client.get(metrics, None, FAST)).read()
+    for w in srv.writers:
+        w.close()
+    await asyncio.sleep(0.05)
+    status, second = await client.get_pair(health, None, metrics, None, FAST)
+    assert status == 200 and not isinstance(second, UpstreamError) and second is not None
+    assert await second.read() == METRICS and srv.connections == 2
     await client.close()

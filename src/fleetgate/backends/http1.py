@@ -92,6 +92,10 @@ class _Connection(asyncio.Protocol):
         self.received = 0  # body bytes of this answer so far, as sent (before decoding)
         self.encoding = b""  # the answer's content-encoding, lower case
         self.decoder: Any = None  # a zlib decompressor when the answer is compressed
+        # two pipelined requests (``Http1Backend.get_pair``): resolves with the first's status
+        # once it is whole; its body is dropped (kept only to check a compressed one)
+        self.first: asyncio.Future[int] | None = None
+        self.first_body: list[bytes] = []
 
     # -- asyncio.Protocol ----------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -135,6 +139,10 @@ class _Connection(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         self.received += len(body)
+        if self.first is not None:  # the first of two pipelined answers: dropped
+            if self.decoder is not None:
+                self.first_body.append(body)
+            return
         self.pieces.append(body)
         self.buffered += len(body)
         if self.buffered > HIGH_WATER and not self.paused and self.transport is not None:
@@ -143,8 +151,47 @@ class _Connection(asyncio.Protocol):
         self._wake()
 
     def on_message_complete(self) -> None:
+        if self.first is not None:
+            self._first_done()
+            return
         self.complete = True
         self._wake()
+
+    def _first_done(self) -> None:
+        """The first of two pipelined answers is whole: check it as ``_Response.read`` would
+        (size, a compressed body that decodes), resolve ``first`` with its status, and
+        start on the second answer, which has ``total_s`` of its own from now (as when
+        it is asked for after the first)."""
+        first, decoder, raw = self.first, self.decoder, self.first_body
+        assert first is not None
+        self.first_body = []
+        try:
+            if self.received > MAX_ANSWER_BYTES:
+                raise UpstreamError("protocol", f"upstream answer over "
+                                                f"{MAX_ANSWER_BYTES >> 20} MiB")
+            if decoder is not None:
+                size = len(decoder.decompress(b"".join(raw), MAX_ANSWER_BYTES + 1))
+                if size + len(decoder.flush()) > MAX_ANSWER_BYTES:
+                    raise UpstreamError("protocol", f"upstream answer over "
+                                                    f"{MAX_ANSWER_BYTES >> 20} MiB")
+        except zlib.error as exc:
+            self._fail(UpstreamError("protocol", f"upstream sent a bad {self.encoding!r} "
+                                                 f"body: {exc}"))
+            self.close()
+            return
+        except UpstreamError as exc:
+            self._fail(exc)
+            self.close()
+            return
+        status = self.status
+        self.first = None
+        self.status, self.content_type = 0, "application/json"
+        self.received, self.encoding, self.decoder = 0, b"", None
+        now = self.loop.time()
+        self.last_data, self.total_at = now, now + self.total_s
+        self.headers_done = self.loop.create_future()
+        if not first.done():
+            first.set_result(status)
 
     # -- the exchange --------------------------------------------------------------------
     def start(self, request: bytes, read_s: float, total_s: float) -> asyncio.Future[None]:
@@ -162,6 +209,15 @@ class _Connection(asyncio.Protocol):
         assert self.transport is not None
         self.transport.write(request)
         return self.headers_done
+
+    def start_pair(self, requests: bytes, read_s: float, total_s: float) -> asyncio.Future[int]:
+        """Send two pipelined requests in one write; the future resolves with the first
+        answer's status when it is whole (``headers_done`` then waits for the second's)."""
+        self.start(requests, read_s, total_s)
+        self.headers_done = None  # made when the first answer is whole
+        self.first = self.loop.create_future()
+        self.first_body = []
+        return self.first
 
     def _watch(self) -> None:
         """Both timeouts on one timer per request (not one per body piece, nor one each):
@@ -247,6 +303,8 @@ class _Connection(asyncio.Protocol):
     def _fail(self, error: UpstreamError) -> None:
         if self.failure is None:
             self.failure = error
+        if self.first is not None and not self.first.done():
+            self.first.set_exception(error)
         if self.headers_done is not None and not self.headers_done.done():
             self.headers_done.set_exception(error)
         self._wake()
@@ -334,6 +392,67 @@ class Http1Backend:
             if headers else ""
         request = self._head(key, "GET", path) + f"{lines}\r\n".encode("latin-1")
         return await self._exchange(key, request, timeouts)
+
+    async def get_pair(self, first_url: str, first_headers: Mapping[str, str] | None,
+                       url: str, headers: Mapping[str, str] | None, timeouts: Timeouts,
+                       ) -> tuple[int, UpstreamResponse | UpstreamError | None]:
+        """Two GETs to one engine pipelined (HTTP/1.1): both requests in one write on one
+        connection, the answers read in order (the collector's probe and scrape: one
+        exchange's cost instead of two; uvicorn, under vLLM and SGLang, answers pipelined
+        requests in order). The first answer is read whole and dropped: its status is
+        returned, its failure raised, as ``get`` then ``read`` would. The second comes
+        back only after a 200 (else None: dropped with the connection): its response to
+        read, or its failure. An engine that closed the connection before any of the
+        second answer (``connection: close`` on the first) is asked again on a new one."""
+        key, path = _parse(first_url)
+        key2, path2 = _parse(url)
+        if key2 != key:
+            raise ValueError("get_pair asks one engine")
+        request = (self._head(key, "GET", path) + _lines(first_headers)
+                   + self._head(key, "GET", path2) + _lines(headers))
+        conn: _Connection | None = None
+        for reused in (True, False):
+            conn = self._idle_connection(key) if reused else None
+            if reused and conn is None:
+                continue
+            if conn is None:
+                conn = await self._connect(key, timeouts.connect)
+            try:
+                status = await conn.start_pair(request, timeouts.read, timeouts.total)
+            except UpstreamError:
+                conn.stop_watch()
+                conn.close()
+                if reused and not conn.got_bytes:
+                    continue  # the engine closed it while idle and never saw these
+                raise
+            except BaseException:
+                conn.stop_watch()
+                conn.close()
+                raise
+            break
+        assert conn is not None and conn.headers_done is not None
+        second = conn.headers_done
+        if status != 200:  # the second answer is not wanted
+            conn.stop_watch()
+            conn.close()
+            _drop(second)
+            return status, None
+        try:
+            await second
+        except UpstreamError as exc:
+            conn.stop_watch()
+            conn.close()
+            if conn.status or exc.kind == "timeout":
+                return status, exc
+            try:  # closed before the second answer began: the engine did not take it
+                return status, await self.get(url, headers, timeouts)
+            except UpstreamError as again:
+                return status, again
+        except BaseException:
+            conn.stop_watch()
+            conn.close()
+            raise
+        return status, _Response(self, conn)
 
     async def _exchange(self, key: _Key, request: bytes, timeouts: Timeouts) -> UpstreamResponse:
         for reused in (True, False):
@@ -440,6 +559,22 @@ class Http1Backend:
             if len(self._heads) < CACHE_LIMIT:
                 self._heads[(key, method, path)] = head
         return head
+
+
+def _lines(headers: Mapping[str, str] | None) -> bytes:
+    """A GET's header lines and the blank line that ends its head."""
+    lines = "".join(f"{name}: {value}\r\n" for name, value in headers.items()) \
+        if headers else ""
+    return f"{lines}\r\n".encode("latin-1")
+
+
+def _drop(future: asyncio.Future[None]) -> None:
+    """A future no one will await: its exception, if any, marked as seen."""
+    if future.done():
+        if not future.cancelled():
+            future.exception()
+    else:
+        future.cancel()
 
 
 def _header_lines(headers: Mapping[str, str], length: int) -> bytes:

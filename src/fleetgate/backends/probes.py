@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fleetgate.backends.http1 import Http1Backend
-from fleetgate.backends.relay import Timeouts, UpstreamError
+from fleetgate.backends.relay import Timeouts, UpstreamError, UpstreamResponse
 from fleetgate.catalog.engines import EngineSpec
 
 
@@ -41,6 +41,23 @@ async def probe(client: Http1Backend, base_url: str, engine: EngineSpec,
         return ProbeResult(resp.status == 200, str(resp.status))
     except UpstreamError as exc:
         return ProbeResult(False, _DETAIL.get(exc.kind, exc.kind))
+
+
+async def probe_then_get(client: Http1Backend, base_url: str, engine: EngineSpec, url: str,
+                         headers: dict[str, str] | None, timeout: float = 2.0,
+                         probe_headers: dict[str, str] | None = None,
+                         ) -> tuple[ProbeResult, UpstreamResponse | UpstreamError | None]:
+    """``probe``, and a GET of ``url`` (the same engine's) pipelined behind it on the same
+    connection (``Http1Backend.get_pair``): the probe's result is what ``probe`` gives; the
+    GET's response (or failure) only when the probe passed, else None (not asked for, as
+    if the GET had waited for the probe)."""
+    timeouts = Timeouts(connect=timeout, read=timeout, total=timeout)
+    try:
+        status, second = await client.get_pair(base_url + engine.health_path, probe_headers,
+                                               url, headers, timeouts)
+    except UpstreamError as exc:
+        return ProbeResult(False, _DETAIL.get(exc.kind, exc.kind)), None
+    return ProbeResult(status == 200, str(status)), second
 
 
 _DETAIL = {"connect": "connect refused", "timeout": "timeout", "protocol": "bad answer"}
