@@ -358,3 +358,19 @@ def test_a_hint_inside_a_family_starts_over() -> None:
     hints = {b"vllm:num_requests_running": second + 1024}  # its search starts at `second`
     assert parse_engine_metrics(text, "vllm", hints).running == 7.0
     assert hints[b"vllm:num_requests_running"] < second
+
+
+@pytest.mark.parametrize(("line", "want"), [
+    ('vllm:num_requests_running{aß="x",engine="0"} 3', 3.0),  # \w in text, not in bytes
+    ('vllm:num_requests_running{engine="0",model_name="\xff\xfe"} 4', 4.0),  # not UTF-8
+    ('vllm:num_requests_running{engine="0",model_name="é \\"q\\""} 5 1700000000000', 5.0),
+    ('vllm:num_requests_running{engine="0"} +Inf', None),
+])
+def test_lines_read_on_the_bytes_read_as_on_the_text(line: str, want: float | None) -> None:
+    """Sample lines are matched where they lie in the body's bytes; one that only the text
+    regex takes (a non-ASCII label name) still reads, and odd bytes and escapes read as
+    they did when every line was decoded first."""
+    text = "# TYPE vllm:num_requests_running gauge\n" + line + "\n"
+    body = text.encode("latin-1") if "\xff" in line else text.encode()
+    assert parse_engine_metrics(body, "vllm").running == want
+    assert parse_engine_metrics(body, "vllm", {}).running == want

@@ -97,6 +97,11 @@ _SAMPLE = re.compile(
     r"[ \t]+([-+]?(?:[0-9.]+(?:[eE][-+]?[0-9]+)?|Inf|NaN))(?:[ \t]+-?[0-9]+)?[ \t]*\r?"
 )
 _LABEL = re.compile(r'([a-zA-Z_]\w*)="([^"\\\n]*(?:\\.[^"\\\n]*)*)"')
+# The same on the body's bytes, at a line's place (no slice, no decoding of the whole line):
+# where it matches, the text regex would too, with the same groups once decoded; where it
+# does not (a non-ASCII label name, which ``\w`` in text allows), the line is decoded and
+# goes the text way.
+_SAMPLE_BYTES = re.compile(_SAMPLE.pattern.encode())
 
 # (labels, value): labels as written (read only when needed: ``_labels``) or as parsed
 Series = list[tuple[str | dict[str, str], float]]
@@ -131,8 +136,10 @@ def _prepare(body: bytes) -> bytes:
 _HINT_SLACK = 1024
 
 
-def _family_lines(body: bytes, name: bytes, hints: dict[bytes, int] | None = None) -> list[str]:
-    """The sample lines of metric ``name`` in ``body``, decoded (only they are).
+def _family(body: bytes, name: str, raw: bytes, needle: bytes,
+            hints: dict[bytes, int] | None) -> Series | None:
+    """The samples of metric ``name`` (``raw``: as bytes; ``needle``: after a newline) in
+    ``body``, or None when no sample line of it is there.
 
     ``bytes.find`` finds the first: ~1 us to a line 5 KB in, ~19 us through 63 KB for a
     name that is absent. With ``hints`` (where each family was in this engine's last body;
@@ -141,70 +148,81 @@ def _family_lines(body: bytes, name: bytes, hints: dict[bytes, int] | None = Non
     first sample, else the search starts over from the beginning. The rest of the family is
     looked for only up to the next comment line, since the format keeps a family's samples
     in one group after its HELP and TYPE lines.
+
+    Canonical lines take a regex fast path, on the bytes where they lie (prometheus_client's
+    parser costs ~40 us a line); any other line goes through prometheus_client, which also
+    reports malformed ones. One function, not one call per step: this runs for every wanted
+    family of every endpoint every tick.
     """
-    needle = b"\n" + name
-    if body.startswith(name):
+    if body.startswith(raw):
         at = -1  # where the line's newline would be
     else:
-        at = -1 if hints is None else _hinted(body, needle, hints.get(name))
+        at = -1
+        if hints is not None:
+            hint = hints.get(raw)
+            if hint is not None:
+                at = body.find(needle, hint - _HINT_SLACK if hint > _HINT_SLACK else 0)
+                if at > 0:
+                    begin = body.rfind(b"\n", 0, at) + 1
+                    if body[begin:begin + 1] != b"#":
+                        at = -1
+                else:
+                    at = -1
         if at < 0:
             at = body.find(needle)
-        if at < 0:
-            return []
+            if at < 0:
+                return None
         if hints is not None:
-            hints[name] = at
-    end = body.find(b"\n#", max(at, 0))
+            hints[raw] = at
+    end = body.find(b"\n#", at if at > 0 else 0)
     if end < 0:
         end = len(body)
-    out, after = [], len(needle)
+    series: Series = []
+    slow: list[str] = []
+    found, after = False, len(needle)
     while True:
         stop = body.find(b"\n", at + 1)
         if stop < 0:
             stop = len(body)
         if body[at + after:at + after + 1] in _AFTER_NAME:  # not a longer name
-            out.append(body[at + 1:stop].decode("utf-8", "replace"))
+            found = True
+            m = _SAMPLE_BYTES.fullmatch(body, at + 1, stop)
+            if m is not None:
+                labels = m.group(2)
+                series.append((labels.decode("utf-8", "replace") if labels else "",
+                               float(m.group(3))))
+            else:
+                line = body[at + 1:stop].decode("utf-8", "replace")
+                t = _SAMPLE.fullmatch(line)
+                if t is None:
+                    slow.append(line)
+                else:
+                    series.append((t.group(2) or "", float(t.group(3))))
+        if stop >= end:
+            break
         at = body.find(needle, stop, end)
         if at < 0:
-            return out
-
-
-def _hinted(body: bytes, needle: bytes, hint: int | None) -> int:
-    """``needle``'s first place at or after ``hint`` less the slack, if the line before it is
-    a comment (the family starts there); else -1."""
-    if hint is None:
-        return -1
-    at = body.find(needle, max(hint - _HINT_SLACK, 0))
-    if at <= 0:
-        return -1
-    line = body.rfind(b"\n", 0, at) + 1
-    return at if body[line:line + 1] == b"#" else -1
+            break
+    if not found:
+        return None
+    if slow:
+        series += _parse_slow(slow).get(name, [])
+    return series
 
 
 _AFTER_NAME = (b"{", b" ", b"\t")
 
 
-def _parse_lines(lines: list[str], out: dict[str, Series]) -> None:
-    """Add the samples of ``lines`` to ``out``.
-
-    Canonical lines take a regex fast path (prometheus_client's parser costs ~40 us a line);
-    any other line goes through prometheus_client, which also reports malformed ones.
-    """
-    slow: list[str] = []
-    for line in lines:
-        m = _SAMPLE.fullmatch(line)
-        if m is None:
-            slow.append(line)
-            continue
-        name, labels, value = m.groups()
-        out.setdefault(name, []).append((labels or "", float(value)))
-    if not slow:
-        return
+def _parse_slow(lines: list[str]) -> dict[str, Series]:
+    """Lines off the fast path, through prometheus_client (which reports malformed ones)."""
+    out: dict[str, Series] = {}
     try:
-        for family in text_string_to_metric_families("\n".join(slow) + "\n"):
+        for family in text_string_to_metric_families("\n".join(lines) + "\n"):
             for sample in family.samples:
                 out.setdefault(sample.name, []).append((sample.labels, sample.value))
     except ValueError as exc:  # prometheus_client raises ValueError on malformed lines
         raise MetricsParseError(f"malformed metric line: {exc}") from exc
+    return out
 
 
 def _per_replica(series: Series) -> list[float]:
@@ -264,21 +282,19 @@ def parse_engine_metrics(text: str | bytes, engine: str,
     if key is None or METRIC_NAMES[key] is None:
         return EngineLoad()
     values: dict[str, float | None] = dict.fromkeys(SIGNALS)
-    samples: dict[str, Series] = {}
     for signal, names in _WANTED[key]:
-        for name, raw in names:  # the first name the engine exposes
-            lines = _family_lines(body, raw, hints)
-            if lines:
-                _parse_lines(lines, samples)
-                series = samples.get(name)
+        for name, raw, needle in names:  # the first name the engine exposes
+            series = _family(body, name, raw, needle, hints)
+            if series is not None:
                 if series:
                     values[signal] = _aggregate(signal, series)
                 break
     return EngineLoad(**values)
 
 
-# Per engine, (signal, the names to try for it, best first, as text and as bytes), for the
-# signals it has.
-_WANTED = {key: tuple((signal, tuple((name, name.encode()) for name in names))
+# Per engine, (signal, the names to try for it, best first, as text, as bytes and after a
+# newline), for the signals it has.
+_WANTED = {key: tuple((signal, tuple((name, name.encode(), b"\n" + name.encode())
+                                     for name in names))
                       for signal in SIGNALS if (names := table.candidates(signal)))
            for key, table in METRIC_NAMES.items() if table is not None}
