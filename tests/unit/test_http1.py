@@ -442,3 +442,31 @@ async def test_a_pair_on_an_idle_connection_the_engine_closed_is_sent_again(
     assert status == 200 and not isinstance(second, UpstreamError) and second is not None
     assert await second.read() == METRICS and srv.connections == 2
     await client.close()
+
+
+async def test_a_reused_connection_times_each_request_by_its_own_timeouts(
+        serve: Serve) -> None:
+    """A connection given back keeps its timer armed for the next request on it: a timer
+    set for a shorter wait fires, finds the answer still within this request's timeouts
+    and looks again; one set for a longer wait is replaced by this request's."""
+    srv: Server
+
+    def script(k: int, _: bytes) -> bytes | None:
+        if k == 1:  # answered late
+            asyncio.get_running_loop().call_later(0.4, srv.writers[-1].write, plain())
+            return None
+        return plain() if k < 3 else None  # then never (nor on the new connection after)
+
+    srv = await serve(script)
+    client = Http1Backend()
+    short, longer = Timeouts(2.0, 0.15, 0.15), Timeouts(2.0, 1.0, 2.0)
+    await (await client.post(srv.url, b"{}", {}, short)).read()
+    t0 = asyncio.get_running_loop().time()
+    assert await (await client.post(srv.url, b"{}", {}, longer)).read() == JSON
+    assert asyncio.get_running_loop().time() - t0 >= 0.35  # not cut at the first one's 0.15
+    await (await client.post(srv.url, b"{}", {}, Timeouts(2.0, 30.0, 60.0))).read()
+    t0 = asyncio.get_running_loop().time()
+    with pytest.raises(UpstreamError, match=r"no answer headers within 0\.2 s"):
+        await client.post(srv.url, b"{}", {}, Timeouts(2.0, 0.2, 60.0))
+    assert asyncio.get_running_loop().time() - t0 < 5.0  # not the last one's 30 s
+    await client.close()

@@ -96,6 +96,7 @@ class _Connection(asyncio.BufferedProtocol):
         self.total_s = 0.0
         self.total_at = 0.0  # loop time by which the whole answer must be in
         self.watchdog: asyncio.TimerHandle | None = None
+        self.watch_at = 0.0  # loop time the watchdog fires at
         self.received = 0  # body bytes of this answer so far, as sent (before decoding)
         self.encoding = b""  # the answer's content-encoding, lower case
         self.decoder: Any = None  # a zlib decompressor when the answer is compressed
@@ -218,7 +219,9 @@ class _Connection(asyncio.BufferedProtocol):
         now = self.loop.time()
         self.read_s, self.last_data = read_s, now
         self.total_s, self.total_at = total_s, now + total_s
-        self.watchdog = self.loop.call_at(min(now + read_s, self.total_at), self._watch)
+        due = min(now + read_s, self.total_at)
+        if self.watchdog is None or self.watch_at > due:  # else the last one's, still armed,
+            self._arm(due)  # fires first and looks again (a timer a request cost ~5 us)
         assert self.transport is not None
         self.transport.write(request)
         return self.headers_done
@@ -232,10 +235,20 @@ class _Connection(asyncio.BufferedProtocol):
         self.first_body = []
         return self.first
 
+    def _arm(self, at: float) -> None:
+        if self.watchdog is not None:
+            self.watchdog.cancel()
+        self.watchdog = self.loop.call_at(at, self._watch)
+        self.watch_at = at
+
     def _watch(self) -> None:
-        """Both timeouts on one timer per request (not one per body piece, nor one each):
-        the answer is not whole within ``total_s``, or the engine has sent nothing for
-        ``read_s`` while the gateway was waiting for it."""
+        """Both timeouts on one timer (not one per body piece, nor one each): the answer is
+        not whole within ``total_s``, or the engine has sent nothing for ``read_s`` while
+        the gateway was waiting for it. A connection given back to the pool keeps its timer
+        armed, and the next request on it keeps that one when it fires no later than the
+        request's own would; when it fires it judges whatever request is then in flight
+        (none: it stops), so a timer is made about once a read timeout per connection in
+        use, not once a request."""
         self.watchdog = None
         if self.complete or self.failure is not None or self.closed:
             return
@@ -245,8 +258,7 @@ class _Connection(asyncio.BufferedProtocol):
                             f"({self.received} bytes of it received)")
             return
         if self.paused or self.pieces:  # the gateway is behind, not the engine: look later
-            self.watchdog = self.loop.call_at(min(now + self.read_s, self.total_at),
-                                              self._watch)
+            self._arm(min(now + self.read_s, self.total_at))
             return
         due = self.last_data + self.read_s
         if now >= due:
@@ -256,7 +268,7 @@ class _Connection(asyncio.BufferedProtocol):
                 self._timed_out(f"upstream sent nothing for {self.read_s:g} s after "
                                 f"{self.received} bytes of its answer")
             return
-        self.watchdog = self.loop.call_at(min(due, self.total_at), self._watch)
+        self._arm(min(due, self.total_at))
 
     def stop_watch(self) -> None:
         if self.watchdog is not None:
@@ -328,6 +340,7 @@ class _Connection(asyncio.BufferedProtocol):
 
     def close(self) -> None:
         self.closed = True
+        self.stop_watch()
         if self.transport is not None:
             self.transport.close()
 
@@ -373,11 +386,12 @@ class _Response:
             return
         self._done = True
         conn = self._conn
-        conn.stop_watch()
         if conn.complete and conn.failure is None and conn.keep_alive and not conn.closed:
-            self._backend.release(conn)
-        elif not conn.closed:
-            conn.close()
+            self._backend.release(conn)  # its watchdog stays armed (``_Connection._watch``)
+        else:
+            conn.stop_watch()
+            if not conn.closed:
+                conn.close()
 
 
 class Http1Backend:
