@@ -144,3 +144,33 @@ async def test_pipelined_visit_ends_as_the_sequential_one(
         assert pipelined[1] == "503" and not pipelined[2] and pipelined[3] == 0
     if change.get("metrics_silent"):
         assert pipelined[1] == "200" and not pipelined[2] and pipelined[3] == 1
+
+
+async def test_a_cancelled_tick_cancels_its_visits() -> None:
+    """Visits are awaited one by one, not gathered: cancelling the tick still cancels
+    every visit it started (as gather did), none is left running."""
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # never answers
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    eps = [Endpoint(f"p-{k}", "p", url, "vllm", "h100", "nvidia", {"m": "m"}) for k in range(3)]
+    live = LiveFleet(eps, [prior_of(ep) for ep in eps])
+    http = Http1Backend()
+    col = Collector(eps, live, http, lambda: 0.0)
+
+    def visits() -> list[asyncio.Task[Any]]:
+        return [t for t in asyncio.all_tasks()
+                if getattr(t.get_coro(), "__qualname__", "") == "Collector._one"]
+
+    tick = asyncio.ensure_future(col.tick())
+    await asyncio.sleep(0.2)  # every visit waits on its probe
+    assert len(visits()) == 3
+    tick.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await tick
+    await asyncio.sleep(0)
+    assert not visits()  # none left running
+    await http.close()
+    server.close()
+    await asyncio.sleep(0.05)  # the engine's handlers see the connections close
