@@ -63,18 +63,16 @@ _DECODABLE = frozenset({b"gzip", b"x-gzip", b"deflate"})
 _Key = tuple[str, str, int]
 
 
-# What every connection reads into (``_Connection.get_buffer``): the loop reads one socket at
-# a time and the parser copies out what it keeps before the next read, so one buffer serves
-# all connections; the kernel copies an answer straight into it, not into a buffer of the
-# loop's and then a bytes object (a 63 KB scrape, a copy less).
-_READ = memoryview(bytearray(256 * 1024))
+READ_BUFFER = 256 * 1024
 
 
 class _Connection(asyncio.BufferedProtocol):
     """One keep-alive connection to an engine; parses one answer at a time."""
 
-    def __init__(self, key: _Key, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, key: _Key, loop: asyncio.AbstractEventLoop,
+                 read_buffer: memoryview) -> None:
         self.key = key
+        self.read_buffer = read_buffer  # shared by the backend's connections (``get_buffer``)
         self.loop = loop
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
@@ -110,10 +108,15 @@ class _Connection(asyncio.BufferedProtocol):
         self.transport = transport  # type: ignore[assignment]
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return _READ
+        """What every connection of one backend reads into: its loop reads one socket at a
+        time and the parser copies out what it keeps before the next read, so one buffer
+        serves them all; the kernel copies an answer straight into it, not into a buffer of
+        the loop's and then a bytes object (a 63 KB scrape, a copy less). One per backend,
+        so per loop: never shared across threads."""
+        return self.read_buffer
 
     def buffer_updated(self, nbytes: int) -> None:
-        self.data_received(_READ[:nbytes])
+        self.data_received(self.read_buffer[:nbytes])
 
     def data_received(self, data: bytes | memoryview) -> None:
         self.got_bytes = True
@@ -404,6 +407,7 @@ class Http1Backend:
         self._heads: dict[tuple[_Key, str, str], bytes] = {}
         self._tls: ssl.SSLContext | None = None
         self._releases = 0
+        self._read = memoryview(bytearray(READ_BUFFER))  # the connections' (get_buffer)
 
     async def post(self, url: str, body: bytes, headers: Mapping[str, str],
                    timeouts: Timeouts) -> UpstreamResponse:
@@ -415,9 +419,7 @@ class Http1Backend:
                   timeouts: Timeouts) -> UpstreamResponse:
         """A GET (the control plane: probes, scrapes, capacity reads, adapter listings)."""
         key, path = _parse(url)
-        lines = "".join(f"{name}: {value}\r\n" for name, value in headers.items()) \
-            if headers else ""
-        request = self._head(key, "GET", path) + f"{lines}\r\n".encode("latin-1")
+        request = self._head(key, "GET", path) + _lines(headers)
         return await self._exchange(key, request, timeouts)
 
     async def get_pair(self, first_url: str, first_headers: Mapping[str, str] | None,
@@ -563,7 +565,7 @@ class Http1Backend:
         try:
             async with asyncio.timeout(connect_s):
                 transport, conn = await loop.create_connection(
-                    lambda: _Connection(key, loop), host, port,
+                    lambda: _Connection(key, loop, self._read), host, port,
                     ssl=self._tls if scheme == "https" else None)
         except TimeoutError:
             raise UpstreamError("timeout", f"connect to {host}:{port} timed out") from None
