@@ -48,8 +48,8 @@ import ssl
 import time
 import zlib
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import httptools
@@ -61,6 +61,7 @@ DECODED_PIECE = 1024 * 1024  # at most this much decompressed out of one piece a
 MAX_ANSWER_BYTES = 128 * 1024 * 1024  # a whole (non-streamed) answer, decoded
 _DECODABLE = frozenset({b"gzip", b"x-gzip", b"deflate"})
 _Key = tuple[str, str, int]
+T = TypeVar("T")
 
 
 READ_BUFFER = 256 * 1024
@@ -439,37 +440,17 @@ class Http1Backend:
             raise ValueError("get_pair asks one engine")
         request = (self._head(key, "GET", path) + _lines(first_headers)
                    + self._head(key, "GET", path2) + _lines(headers))
-        conn: _Connection | None = None
-        for reused in (True, False):
-            conn = self._idle_connection(key) if reused else None
-            if reused and conn is None:
-                continue
-            if conn is None:
-                conn = await self._connect(key, timeouts.connect)
-            try:
-                status = await conn.start_pair(request, timeouts.read, timeouts.total)
-            except UpstreamError:
-                conn.stop_watch()
-                conn.close()
-                if reused and not conn.got_bytes:
-                    continue  # the engine closed it while idle and never saw these
-                raise
-            except BaseException:
-                conn.stop_watch()
-                conn.close()
-                raise
-            break
-        assert conn is not None and conn.headers_done is not None
+        conn, status = await self._sent(
+            key, timeouts, lambda c: c.start_pair(request, timeouts.read, timeouts.total))
+        assert conn.headers_done is not None
         second = conn.headers_done
         if status != 200:  # the second answer is not wanted
-            conn.stop_watch()
             conn.close()
             _drop(second)
             return status, None
         try:
             await second
         except UpstreamError as exc:
-            conn.stop_watch()
             conn.close()
             if conn.status or exc.kind == "timeout":
                 return status, exc
@@ -478,12 +459,20 @@ class Http1Backend:
             except UpstreamError as again:
                 return status, again
         except BaseException:
-            conn.stop_watch()
             conn.close()
             raise
         return status, _Response(self, conn)
 
     async def _exchange(self, key: _Key, request: bytes, timeouts: Timeouts) -> UpstreamResponse:
+        conn, _ = await self._sent(
+            key, timeouts, lambda c: c.start(request, timeouts.read, timeouts.total))
+        return _Response(self, conn)
+
+    async def _sent(self, key: _Key, timeouts: Timeouts,
+                    send: Callable[[_Connection], Awaitable[T]]) -> tuple[_Connection, T]:
+        """``send`` on an idle connection to ``key``, or on a new one when there is none or
+        the engine had closed the idle one before it saw the request; the connection and
+        what ``send`` gave (a request's headers are in)."""
         for reused in (True, False):
             conn = self._idle_connection(key) if reused else None
             if reused and conn is None:
@@ -491,18 +480,15 @@ class Http1Backend:
             if conn is None:
                 conn = await self._connect(key, timeouts.connect)
             try:
-                await conn.start(request, timeouts.read, timeouts.total)
+                return conn, await send(conn)
             except UpstreamError:
-                conn.stop_watch()
                 conn.close()
                 if reused and not conn.got_bytes:
-                    continue  # the engine closed it while idle and never saw this request
+                    continue  # the engine closed it while idle and never saw the request
                 raise
             except BaseException:
-                conn.stop_watch()
                 conn.close()
                 raise
-            return _Response(self, conn)
         raise AssertionError("unreachable")
 
     def release(self, conn: _Connection) -> None:
