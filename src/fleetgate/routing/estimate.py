@@ -144,7 +144,7 @@ PREFILL_TAU_S = 10.0  # state/live.py's time constant of prefill_tokens_per_s
 RECENT_PREFILL_TAU_S = 1.0  # and of recent_prefill_tokens_per_s
 NAMES = ("ttft_s", "tpot_s", "e2e_s", "usd_per_mtok", "marginal_usd", "slo_capacity",
          "active", "load", "meets_slo", "kv_headroom_tokens", "fits_context", "prefill_s",
-         "can_take")
+         "can_take", "over_share")
 
 
 T = TypeVar("T")
