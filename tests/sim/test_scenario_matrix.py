@@ -65,3 +65,20 @@ def test_whole_replicas_is_the_cheapest_set_of_whole_replicas() -> None:
     assert whole(config, caps, tokens, 3600.0) == pytest.approx(4.0 / tokens * 1e6, rel=1e-5)
     assert whole(config, caps, 2000.0 * 3600, 3600.0) is None  # more than every replica
     assert whole(config, caps, None, 3600.0) is None
+
+
+@pytest.mark.parametrize("fleet,work,load", [("big-mixed", "chat-bursty", 0.3),
+                                             ("amd-cheap", "chat-bursty", 0.3)])
+def test_cost_holds_the_slo_wherever_least_loaded_does_and_pays_less(
+        fleet: str, work: str, load: float) -> None:
+    """Issue 22's first target on two of the matrix's cells (seed 1, as in BENCHMARKS.md):
+    the cells the ten-second prefill share missed (97.95% and 99.07% within the SLO on
+    bursty traffic, least_loaded 99.61% and 99.41%). The whole matrix is ``bench/scenarios.py``."""
+    row = BENCH.run_cell(fleet, work, load, ["cost", "least_loaded"], 1,  # type: ignore[attr-defined]
+                         str(SCENARIOS))
+    cost, least = row["policies"]["cost"], row["policies"]["least_loaded"]
+    print(f"{fleet}/{work}@{load:.0%}: cost {cost['slo']:.2%} at {cost['usd_per_mtok']:.3f}"
+          f" $/Mtok, least_loaded {least['slo']:.2%} at {least['usd_per_mtok']:.3f}")
+    assert least["slo"] >= 0.99  # else the cell says nothing of this target
+    assert cost["slo"] >= 0.99, row
+    assert cost["usd_per_mtok"] < 0.85 * least["usd_per_mtok"], row
