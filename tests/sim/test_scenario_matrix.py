@@ -72,8 +72,9 @@ def test_whole_replicas_is_the_cheapest_set_of_whole_replicas() -> None:
 def test_cost_holds_the_slo_wherever_least_loaded_does_and_pays_less(
         fleet: str, work: str, load: float) -> None:
     """Issue 22's first target on two of the matrix's cells (seed 1, as in BENCHMARKS.md):
-    the cells the ten-second prefill share missed (97.95% and 99.07% within the SLO on
-    bursty traffic, least_loaded 99.61% and 99.41%). The whole matrix is ``bench/scenarios.py``."""
+    one the ten-second prefill share missed (big-mixed: 97.95% within the SLO, least_loaded
+    99.61%) and one it held by the least (amd-cheap: 99.07%, least_loaded 99.41%). The whole
+    matrix is ``bench/scenarios.py``."""
     row = BENCH.run_cell(fleet, work, load, ["cost", "least_loaded"], 1,  # type: ignore[attr-defined]
                          str(SCENARIOS))
     cost, least = row["policies"]["cost"], row["policies"]["least_loaded"]
