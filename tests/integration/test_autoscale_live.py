@@ -89,8 +89,8 @@ async def test_a_burst_grows_the_cheapest_pool_and_quiet_shrinks_the_dear_one(
             if grown:
                 break
             await asyncio.sleep(0.25)
-        print("while the burst ran:", {n: (p["desired"], p["ready"], p["starting"], p["load"],
-                                            p["replica_capacity"], p["reason"])
+        print("while the burst ran:", {n: (p["desired"], p["ready"], p["starting"], p["load_per_s"],
+                                            p["replica_capacity_per_s"], p["reason"])
                                         for n, p in pools.items()}, dict(statuses))
         assert grown is not None, pools
         costs = {n: p["usd_per_hour_at_desired"] / max(p["desired"], 1) for n, p in pools.items()}

@@ -144,6 +144,7 @@ def test_in_flight_through_a_is_seen_by_b(engine: Proc, tmp_path: Path, redis_ur
                             headers={"authorization": f"Bearer {ADMIN}"}).json()
             seen = eps["endpoints"][0]["peer_in_flight"] or 0.0
         assert seen == 3
+        assert eps["endpoints"][0]["peer_requests_per_s"] > 0  # A's rate: B's scaler demand
         decision = httpx.get(b.url + "/admin/decisions?limit=1",
                              headers={"authorization": f"Bearer {ADMIN}"})
         assert decision.status_code == 200

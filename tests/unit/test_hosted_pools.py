@@ -20,6 +20,7 @@ from fleetgate.config.loader import ConfigError, parse_config
 from fleetgate.config.schema import FleetConfig
 from fleetgate.gateway.costs import CostLedger, LedgerSnapshot, attempt_charge
 from fleetgate.routing import RoutingRequest, build_router
+from fleetgate.routing.estimate import PREFILL_TAU_S
 from fleetgate.scaling import FleetScaler, observe, scaled_pools
 from fleetgate.scaling.signals import scaling_slo
 from fleetgate.state.admission import full, room
@@ -194,14 +195,14 @@ def test_the_scaler_counts_hosted_load_as_demand_never_as_capacity() -> None:
     live = ready_fleet(cfg)
     pools = scaled_pools(cfg, endpoints, {"own"})
     hosted_slots = [i for i, ep in enumerate(endpoints) if ep.pool == "hosted"]
-    for _ in range(4):
+    for _ in range(400):
         live.on_dispatch(hosted_slots[0], 1.0)
     states = {s.name: s for s in observe(live, pools, scaling_slo(cfg), 1.0)}
     assert states["hosted"].capacity == 0 and states["hosted"].ready == 0
     assert states["hosted"].usd_per_replica_hour == 0 and states["hosted"].autoscale is None
-    assert states["hosted"].load == 4
+    assert states["hosted"].load == pytest.approx(400 / PREFILL_TAU_S)  # requests per second
     quiet = FleetScaler().tick(1.0, [states["own"]])["own"]
     busy = FleetScaler().tick(1.0, list(states.values()))["own"]
-    assert busy.desired >= quiet.desired and set(FleetScaler().tick(
+    assert busy.desired > quiet.desired and set(FleetScaler().tick(
         1.0, list(states.values()))) == {"own"}  # a target for the scaled pool only
     assert np.isfinite(states["own"].capacity)

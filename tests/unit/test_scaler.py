@@ -1,13 +1,22 @@
-"""The fleet scaler (``fleetgate.scaling.scaler``): allocation across pools, floors paid for
-first, the cheapest $ per unit of SLO capacity grown first, hysteresis, grouping by model."""
+"""The fleet scaler (``fleetgate.scaling``): allocation across pools, floors paid for first,
+the cheapest $ per unit of SLO capacity grown first, hysteresis, grouping by model; demand
+as a rate (what the replicas were sent and what admission refused), never as the requests in
+flight that a packing router inflates."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
+from fleetgate.config.loader import parse_config
 from fleetgate.config.schema import AutoscaleConfig
-from fleetgate.scaling import FleetScaler, PoolState, allocate
+from fleetgate.routing.estimate import PREFILL_TAU_S
+from fleetgate.scaling import FleetScaler, PoolState, allocate, observe, scaled_pools
 from fleetgate.scaling.scaler import DEMAND_WINDOW_S, groups
+from fleetgate.scaling.signals import scaling_slo
+from fleetgate.state.admission import REFUSED_TAU_S, Refused
+from fleetgate.state.fleet import fleet_endpoints, live_fleet
 
 
 def pool(name: str, usd: float, capacity: float, *, ready: int = 1, load: float = 0.0,
@@ -83,7 +92,7 @@ def test_waiting_requests_count_once_for_their_group() -> None:
     scaler = FleetScaler()
     out = scaler.tick(0.0, [pool("p", 1.0, 10.0, lo=0, ready=0),
                             pool("q", 1.0, 10.0, lo=0, ready=0, models="other")],
-                      {"m": 25.0})
+                      {"m": 25.0 * DEMAND_WINDOW_S})  # 25 req/s to serve them in the window
     assert out["p"].desired == 3 and out["q"].desired == 0
 
 
@@ -94,3 +103,49 @@ def test_starting_replicas_count_as_supply_and_the_bill_is_reported() -> None:
     assert target.desired == 3 and target.current == 3  # nothing more to start
     assert target.usd_per_hour == pytest.approx(6.0)
     assert target.usd_per_hour_at_desired == pytest.approx(6.0)
+
+
+FLEET = """
+pools:
+  - {name: h100, accelerator: h100, engine: vllm, price_per_gpu_hour: 2.0,
+     endpoints: ["http://10.0.0.1:8000", "http://10.0.0.2:8000"],
+     models: {m: meta-llama/Llama-3.1-8B-Instruct},
+     autoscale: {min_replicas: 1, max_replicas: 8}}
+policies: {c: {strategy: cost, slo: {ttft_ms: 1500, tpot_ms: 80}}}
+default_policy: c
+"""
+
+
+@pytest.mark.parametrize("stay_s", [0.0, 30.0])
+def test_demand_is_the_rate_sent_not_the_requests_in_flight(stay_s: float) -> None:
+    """100 requests over 10 s on one replica: whether they ended at once or all still run
+    (a router that packs a replica makes each stay longer), the scaler sees one demand."""
+    cfg = parse_config(FLEET, "fleet.yaml", {})
+    live = live_fleet(fleet_endpoints(cfg))
+    for i in range(2):
+        live.on_probe(i, 0.0, True, "ok")
+    for k in range(100):
+        t = k * 0.1
+        sample = live.on_dispatch(0, t, 0.1, 1000)
+        if t + stay_s <= 10.0:
+            live.on_finish(0, t + stay_s, 200, stay_s, 0.02, sample)
+    pools = scaled_pools(cfg, live.endpoints, {"h100"})
+    (state,) = observe(live, pools, scaling_slo(cfg), 10.0)
+    sent = sum(math.exp(-(10.0 - k * 0.1) / PREFILL_TAU_S) for k in range(100)) / PREFILL_TAU_S
+    assert state.load == pytest.approx(sent)  # ~6.3 req/s: 10 req/s through a 10 s EWMA
+    assert 0 < state.capacity < math.inf  # req/s one replica runs within the SLO
+
+
+def test_refused_requests_count_as_demand_and_fade() -> None:
+    refused = Refused()
+    for k in range(100):  # 10 req/s shed for 10 s
+        refused.add("m", k * 0.1)
+    rate = refused.per_s(10.0)["m"]
+    assert rate == pytest.approx(10 * (1 - math.exp(-10.0 / REFUSED_TAU_S)), rel=0.05)
+    assert refused.per_s(10.0 + 3 * REFUSED_TAU_S)["m"] < 0.06 * rate
+    scaler = FleetScaler()
+    out = scaler.tick(10.0, [pool("p", 1.0, 1.0, lo=0, ready=0)], refused=refused.per_s(10.0))
+    assert out["p"].desired == math.ceil(rate)  # one replica a request per second
+    other = scaler.tick(10.0, [pool("q", 1.0, 1.0, lo=0, ready=0, models="x")],
+                        refused=refused.per_s(10.0))
+    assert other["q"].desired == 0  # another model's refusals are not its demand

@@ -16,6 +16,7 @@ import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
+import orjson
 import pytest
 import redis.asyncio as aioredis
 
@@ -26,6 +27,7 @@ from fleetgate.state.store import (
     MemorySharedState,
     SharedState,
 )
+from fleetgate.state.store.base import decode_shares, encode_shares
 from fleetgate.state.store.local import LocalStore, LocalStoreServer
 from fleetgate.state.store.redis import RedisLimits, RedisSharedState
 from store_redis import unique_prefix, wait_key_gone
@@ -96,13 +98,22 @@ def share(in_flight: float, **kw: object) -> EndpointShare:
 
 # -- SharedState -----------------------------------------------------------------------
 async def test_peers_are_the_other_replicas(store: Harness) -> None:
-    a = {"ep-1": share(3), "ep-2": share(0, ttft_s=None, tpot_s=None, tokens_per_s=None)}
+    a = {"ep-1": share(3, requests_per_s=4.5),
+         "ep-2": share(0, ttft_s=None, tpot_s=None, tokens_per_s=None)}
     b = {"ep-1": share(5, breaker_open_until=math.inf, health="not_ready")}
     await store.shared.publish("a", a, ttl_s=30)
     await store.shared.publish("b", b, ttl_s=30)
     assert await store.shared.peers("a") == {"b": b}
     assert await store.shared.peers("b") == {"a": a}
     assert await store.shared.peers("c") == {"a": a, "b": b}
+
+
+def test_shares_of_a_replica_from_before_request_rates_still_decode() -> None:
+    old = orjson.dumps({"ep-1": [3, 0.2, 0.02, 1500.0, 1.1, 0.9, 0.0, "ready"]})
+    assert decode_shares(old) == {"ep-1": share(3)}  # requests_per_s 0: none said
+    new = encode_shares({"ep-1": share(3, requests_per_s=4.5)})
+    assert orjson.loads(new)["ep-1"][:8] == orjson.loads(old)["ep-1"]  # appended: old ones read it
+    assert decode_shares(new)["ep-1"].requests_per_s == 4.5
 
 
 async def test_publish_replaces_the_replicas_shares(store: Harness) -> None:

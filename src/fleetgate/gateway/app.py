@@ -282,7 +282,8 @@ async def _start(app: FastAPI, settings: Settings, overrides: Overrides,
                     settings.sync_interval_s)
     state.sync = sync
     costs = CostPublisher(stores, telemetry.ledger, replica_id)
-    state.scaler = GatewayScaler(lambda: current().fleet, proxy.flow.waiting_by_model)
+    state.scaler = GatewayScaler(lambda: current().fleet, proxy.flow.waiting_by_model,
+                                 proxy.flow.refused_by_model)
     telemetry.registry.register(ScalingCollector(state.scaler))
     for job in (sync.run(), _fleet_sync(state, costs, settings.sync_interval_s),
                 state.scaler.run(settings.scale_interval_s)):

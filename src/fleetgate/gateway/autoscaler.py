@@ -1,6 +1,6 @@
 """The fleet scaler in ``serve``: every ``scaling.TICK_S`` the same scaler ``simulate`` runs
-(``fleetgate.scaling``) reads the current generation's live state and the admission queue
-and says how many replicas each autoscaled pool should have.
+(``fleetgate.scaling``) reads the current generation's live state, the admission queue and
+what admission refused, and says how many replicas each autoscaled pool should have.
 
 * An ``emulated://`` pool with ``autoscale:`` (``Fleet.scaled_here``) is actuated here: a
   replica asked for gets its engine started at once and takes traffic once it answers its
@@ -49,9 +49,11 @@ _HEALTH_READY = "ready"
 
 class GatewayScaler:
     def __init__(self, fleet: Callable[[], Fleet],
-                 waiting: Callable[[], dict[str, float]]) -> None:
+                 waiting: Callable[[], dict[str, float]],
+                 refused: Callable[[], dict[str, float]] = dict) -> None:
         self._current = fleet
         self._waiting = waiting
+        self._refused = refused
         self._fleet: Fleet | None = None
         self._pools: list[ScaledPool] = []
         self._scaler = FleetScaler()
@@ -79,7 +81,7 @@ class GatewayScaler:
         now = fleet.clock()
         self._settle(fleet, now)
         pools = observe(fleet.live, self._pools, scaling_slo(fleet.config), now)
-        self.targets = self._scaler.tick(now, pools, self._waiting())
+        self.targets = self._scaler.tick(now, pools, self._waiting(), self._refused())
         for pool in self._pools:
             if pool.managed:
                 start, drain = changes(pool, self.targets[pool.name].desired, fleet.live)
@@ -104,8 +106,8 @@ class GatewayScaler:
                 "desired": target.desired, "current": target.current, **counts,
                 "min": pool.autoscale.min_replicas, "max": pool.autoscale.max_replicas,
                 "actuated": pool.managed, "reason": target.reason,
-                "load": round(target.load, 2),
-                "replica_capacity": round(target.replica_capacity, 2),
+                "load_per_s": round(target.load, 2),
+                "replica_capacity_per_s": round(target.replica_capacity, 2),
                 "usd_per_hour": round(target.usd_per_hour, 4),
                 "usd_per_hour_at_desired": round(target.usd_per_hour_at_desired, 4)}
         return {"pools": out}

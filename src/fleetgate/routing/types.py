@@ -191,7 +191,8 @@ ROUTED_COLUMNS = ("active", "queued", "kv_usage", "k_tpot", "k_ttft", "prefill_t
                   "usable_from", "stale_at")
 LIVE_COLUMNS = (
     *ROUTED_COLUMNS, "in_flight", "running", "ttft_s", "tpot_s", "tokens_per_s", "block_until",
-    "last_contact", "error_rate", "peer_in_flight", "peer_block_until")
+    "last_contact", "error_rate", "peer_in_flight", "peer_block_until", "requests_per_s",
+    "peer_requests_per_s")
 STATIC_COLUMNS = ("step_base_s", "step_per_ctx_token_s", "prefill_s_per_token",
                   "kv_capacity_tokens", "max_batch", "max_model_len", "usd_per_s",
                   "per_token", "usd_per_input_token", "usd_per_output_token", "hosted_ttft_s")

@@ -4,12 +4,13 @@
 Per group of pools that serve the same models (pools sharing a model are one group, llm-d's
 "variants" of a model), every ``TICK_S``:
 
-* demand = requests on the group's replicas (the router's ``active``: our in-flight and the
-  engines' running + queued) plus those waiting in the gateway's admission queue, averaged
-  over the last ``DEMAND_WINDOW_S``;
+* demand = the requests per second the gateway sends the group's replicas (``signals.py``),
+  plus those it refused for want of capacity (shed, or no endpoint: ``state.admission``
+  ``Refused``), plus those waiting in its admission queue as a rate (drained over
+  ``DEMAND_WINDOW_S``), averaged over the last ``DEMAND_WINDOW_S``;
 * a replica of pool p carries ``capacity_p x target_utilization_p`` of it, ``capacity_p``
-  the SLO capacity the router itself uses (``signals.py``: the class's learned capacity, the
-  catalog prior's until one is learned);
+  the requests per second it runs within the SLO, from the router's own model of a
+  replica (``signals.py``: the catalog prior as corrected by the class's learned speed);
 * what is paid for anyway is used first: pools without ``autoscale`` at their ready count,
   autoscaled ones at their floor (``min_replicas``);
 * the rest is bought on the autoscaled pools in order of $ per unit of SLO capacity, each
@@ -47,8 +48,8 @@ class PoolState:
     name: str
     models: frozenset[str]
     usd_per_replica_hour: float
-    capacity: float  # requests one replica runs within the SLO
-    load: float  # requests on its replicas now
+    capacity: float  # requests per second one replica runs within the SLO
+    load: float  # requests per second sent to its replicas now
     ready: int
     starting: int = 0
     draining: int = 0
@@ -74,8 +75,8 @@ class Target:
     reason: str
     usd_per_hour: float  # the replicas billed now (ready, starting, draining)
     usd_per_hour_at_desired: float
-    load: float  # requests on the pool's replicas at this tick
-    replica_capacity: float  # requests one replica runs within the SLO
+    load: float  # requests per second sent to the pool's replicas at this tick
+    replica_capacity: float  # requests per second one replica runs within the SLO
 
 
 def groups(pools: list[PoolState]) -> list[list[PoolState]]:
@@ -97,7 +98,7 @@ def allocate(pools: list[PoolState], demand: float) -> tuple[dict[str, int], str
     paid += sum(want[p.name] * p.per_replica for p in scaled)
     rest = demand - paid
     if rest <= EPS:
-        return want, f"demand {demand:.1f} fits the paid-for capacity {paid:.1f}"
+        return want, f"demand {demand:.1f} req/s fits the paid-for capacity {paid:.1f}"
     order = sorted(scaled, key=lambda p: (p.usd_per_replica_hour / p.per_replica, p.name))
     for k, pool in enumerate(order):
         spec = pool.autoscale
@@ -118,8 +119,8 @@ def allocate(pools: list[PoolState], demand: float) -> tuple[dict[str, int], str
             rest -= last.per_replica
         break
     if rest > EPS:
-        return want, f"demand {demand:.1f} exceeds every ceiling (short by {rest:.1f})"
-    return want, f"demand {demand:.1f}: cheapest $ per unit of SLO capacity first"
+        return want, f"demand {demand:.1f} req/s exceeds every ceiling (short by {rest:.1f})"
+    return want, f"demand {demand:.1f} req/s: cheapest $ per unit of SLO capacity first"
 
 
 def _cheapest_cover(order: list[PoolState], want: dict[str, int], rest: float) -> PoolState:
@@ -135,21 +136,24 @@ def _cheapest_cover(order: list[PoolState], want: dict[str, int], rest: float) -
 @dataclass
 class FleetScaler:
     """The stateful part: each group's recent demand (averaged over ``DEMAND_WINDOW_S``:
-    the in-flight count of a Poisson load jumps from one instant to the next) and each
-    pool's recent desires (the stabilisation window)."""
+    a burst's rate must last to buy replicas) and each pool's recent desires (the
+    stabilisation window)."""
 
     demand: dict[frozenset[str], deque[tuple[float, float]]] = field(default_factory=dict)
     history: dict[str, deque[tuple[float, int]]] = field(default_factory=dict)
 
-    def tick(self, now: float, pools: list[PoolState],
-             waiting: dict[str, float] | None = None) -> dict[str, Target]:
-        """Targets for every autoscaled pool. ``waiting``: requests queued in the gateway
-        per public model (admission), counted once for the group that serves the model."""
+    def tick(self, now: float, pools: list[PoolState], waiting: dict[str, float] | None = None,
+             refused: dict[str, float] | None = None) -> dict[str, Target]:
+        """Targets for every autoscaled pool. Per public model, counted once for the group
+        that serves it: ``waiting``, requests queued in the gateway (admission), as a rate
+        that serves them within ``DEMAND_WINDOW_S``; ``refused``, requests per second it
+        refused for want of capacity."""
         out: dict[str, Target] = {}
         for group in groups(pools):
             models = frozenset().union(*(p.models for p in group))
             now_demand = sum(p.load for p in group) + sum(
-                n for m, n in (waiting or {}).items() if m in models)
+                n for m, n in (waiting or {}).items() if m in models) / DEMAND_WINDOW_S + sum(
+                n for m, n in (refused or {}).items() if m in models)
             want, why = allocate(group, self._smoothed(now, models, now_demand))
             for pool in group:
                 if pool.autoscale is not None:

@@ -1,6 +1,6 @@
 """What the scaler sees of a fleet: each pool's replicas (as slots of the live fleet), its
 load and each replica's SLO capacity, read from ``LiveFleet`` the same way in ``simulate``
-and ``serve``.
+and ``serve``. Load and capacity are rates, in requests per second.
 
 A pool's replicas are *slots*: endpoint indices of the live fleet. An autoscaled pool whose
 replicas fleetgate starts itself (the simulator's, and ``emulated://`` ones in ``serve``)
@@ -9,22 +9,30 @@ start is over), ``ready`` or ``draining`` (no new requests; billed until its las
 ends). The replicas of any other pool come and go outside fleetgate (Kubernetes, ``fleetgate
 worker``): a slot is ready while its health is, and the scaler only publishes what it wants.
 
-Capacity: what one replica takes within the SLO, for a request of the workload's typical
-shape (the prompt and answer means the gateway has seen, less what the prefix caches hold),
-under the SLO the scaler is given; the median over the pool's slots. That is the smaller of
-the router's B_slo from the catalog prior as corrected by the class's learned speed
-(``k_tpot``, ``k_ttft``: learned from every finished request's latency), and, under a TPOT
-SLO, the requests the router's own prefill share bound lets in at a steady rate
+Load: the requests per second every gateway replica sent the pool's endpoints over the
+last ~10 s (``LiveFleet.request_rates``, and the peers' through ``state/sync.py``). Not the
+requests in flight, as before: a router that packs a replica makes each request stay longer
+there, so the same arrivals were more requests in flight, and the scaler bought replicas for
+the packing (the cost router's bill was 1.03-1.44x least_loaded's on the matrix's
+autoscaled cells; BENCHMARKS.md, issue 23). A rate is the same whatever the router does.
+
+Capacity: the requests per second one replica takes within the SLO, for a request of the
+workload's typical shape (the prompt and answer means the gateway has seen, less what the
+prefix caches hold), under the SLO the scaler is given; the median over the pool's slots.
+That is the smaller of the router's B_slo from the catalog prior as corrected by the class's
+learned speed (``k_tpot``, ``k_ttft``: learned from every finished request's latency), and,
+under a TPOT SLO, the requests the router's own prefill share bound lets in at a steady rate
 (``STEADY_PREFILL_SHARE`` of a replica's time on prompts: the router bounds the share of the
 last second at ``MAX_SLO_PREFILL_SHARE``, which a steady stream of prompts cannot fill, as
-arrivals come in clumps; 0.4 is the share the scaler's matrix was measured at), each
-staying as long as a request does at that load (``_capacity``). Measured on the scenario
-fleets (BENCHMARKS.md, issue 23): with B_slo alone the scaler bought half the replicas the
-router fills on 1,500-token prompts (amd-cheap at 60% load: 93.8% within the SLO; 99.1%
-with the share bound); with the learned knee of ``state/slo_capacity.py`` in place of the
-prior's B_slo, the H100 class's capacity swung between 7 and 60 from one tick to the next
-under the cost router's packing and the bill followed it (nvidia-cheap at 60%, 900 s:
-$10.46 against $6.26 with the prior, both 99.0% within the SLO).
+arrivals come in clumps; 0.4 is the share the scaler's matrix was measured at), each staying
+as long as a request does at that load; the rate is that many requests over their stay
+(Little's law, ``_capacity``). Measured on the scenario fleets (BENCHMARKS.md, issue 23):
+with B_slo alone the scaler bought half the replicas the router fills on 1,500-token prompts
+(amd-cheap at 60% load: 93.8% within the SLO; 99.1% with the share bound); with the learned
+knee of ``state/slo_capacity.py`` in place of the prior's B_slo, the H100 class's capacity
+swung between 7 and 60 from one tick to the next under the cost router's packing and the
+bill followed it (nvidia-cheap at 60%, 900 s: $10.46 against $6.26 with the prior, both
+99.0% within the SLO).
 
 A hosted API priced per token (``price_per_mtok``) is neither scaled nor paid-for capacity:
 its PoolState has no replicas, no capacity and no price, so it covers none of the demand;
@@ -49,7 +57,7 @@ from fleetgate.routing.estimate import (
     Estimates,
     Slo,
 )
-from fleetgate.routing.types import HEALTH_CODES, LIVE_ROW, IntArray, Snapshot
+from fleetgate.routing.types import HEALTH_CODES, LIVE_ROW, FloatArray, IntArray, Snapshot
 from fleetgate.scaling.scaler import PoolState
 from fleetgate.state.live import LiveFleet
 
@@ -102,12 +110,13 @@ def observe(live: LiveFleet, pools: Sequence[ScaledPool], slo: Slo,
             now: float) -> list[PoolState]:
     """Each pool as the scaler sees it now (module docstring)."""
     snap = live.snapshot(now)
-    active, health = live.column("active"), live.column("health")
+    rates = live.request_rates(now) + live.column("peer_requests_per_s")
+    health = live.column("health")
     request = _typical_request(live, pools)
     out = []
     for pool in pools:
         idx = np.array(pool.slots, dtype=np.intp)
-        load = float(np.nansum(active[idx])) if len(idx) else 0.0
+        load = float(np.sum(rates[idx])) if len(idx) else 0.0
         if pool.per_token:
             out.append(PoolState(pool.name, pool.models, 0.0, 0.0, load, 0))
             continue
@@ -142,31 +151,35 @@ STEADY_PREFILL_SHARE = 0.4
 
 def _capacity(live: LiveFleet, snap: Snapshot, idx: IntArray, request: RoutingRequest,
               slo: Slo) -> float:
-    """One replica's SLO capacity in requests (module docstring), the median over the pool's
-    slots: the router's B_slo, and under a TPOT SLO at most what the router's prefill share
-    bound lets in: ``rate = STEADY_PREFILL_SHARE / (prefill time of a typical prompt)``
-    prompts a second, each staying ``TTFT + (g - 1) x TPOT(c)`` at ``c`` running (the prior's
-    step at that batch, the learned correction, decode slowed by the prefill share), so
-    ``c = min(B_slo, rate x stay(c))``: a fixed point, reached from above in a few steps."""
+    """One replica's SLO capacity in requests per second (module docstring), the median over
+    the pool's slots: ``c / stay(c)`` for ``c`` requests running, each staying ``TTFT +
+    (g - 1) x TPOT(c)`` (the prior's step at that batch, the learned correction, decode
+    slowed by the prefill share); ``c`` is the router's B_slo, and under a TPOT SLO at most
+    what the router's prefill share bound lets in, ``rate = STEADY_PREFILL_SHARE / (prefill
+    time of a typical prompt)`` prompts a second: ``c = min(B_slo, rate x stay(c))``, a
+    fixed point reached from above in a few steps."""
     rows = snap.live.copy()  # the prior's B_slo (corrected by k_tpot, k_ttft), not the knee
     rows[LIVE_ROW["slo_limit"]] = np.nan
     est = Estimates(replace(snap, live=rows), idx, request, slo)
     caps = np.asarray(est["slo_capacity"], dtype=float)
-    if slo.tpot_s is None:
-        return float(np.median(caps))
     n, g = float(request.prompt_tokens_estimate), float(request.max_tokens or 1)
     col = est.column
-    rate = STEADY_PREFILL_SHARE / np.maximum(col("prefill_s_per_token") * n, 1e-12)
     b_max = np.maximum(np.floor(np.minimum(col("max_batch"), col("kv_capacity_tokens") / (n + g))),
                        1.0)
     slow = col("k_tpot") / (1.0 - STEADY_PREFILL_SHARE)
     ttft = np.asarray(est["ttft_s"], dtype=float)
-    c = caps
-    for _ in range(6):
+
+    def stay(c: FloatArray) -> FloatArray:
         tpot = slow * (col("step_base_s") + col("step_per_ctx_token_s") * (n + g / 2)
                        * np.minimum(c, b_max))
-        c = np.minimum(caps, np.maximum(np.floor(rate * (ttft + (g - 1) * tpot)), 1.0))
-    return float(np.median(c))
+        return np.asarray(ttft + (g - 1) * tpot)
+
+    c = caps
+    if slo.tpot_s is not None:
+        rate = STEADY_PREFILL_SHARE / np.maximum(col("prefill_s_per_token") * n, 1e-12)
+        for _ in range(6):
+            c = np.minimum(caps, np.maximum(np.floor(rate * stay(c)), 1.0))
+    return float(np.median(c / stay(c)))
 
 
 def _typical_request(live: LiveFleet, pools: Sequence[ScaledPool]) -> RoutingRequest:

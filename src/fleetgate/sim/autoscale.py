@@ -50,9 +50,10 @@ class Autoscaler:
             self.state.update(pool.state)
             pool.state = self.state  # one table: the pools' views of it
 
-    def tick(self, fleet: SimFleet, now: float, waiting: dict[str, float]) -> list[Action]:
+    def tick(self, fleet: SimFleet, now: float, waiting: dict[str, float],
+             refused: dict[str, float]) -> list[Action]:
         self.targets = self.scaler.tick(now, observe(fleet.live, self.pools, self.slo, now),
-                                        waiting)
+                                        waiting, refused)
         actions: list[Action] = []
         for pool in self.managed:
             start, drain = changes(pool, self.targets[pool.name].desired, fleet.live)

@@ -46,7 +46,7 @@ from fleetgate.sim.hosted import HostedReplica
 from fleetgate.sim.outcomes import BAD_REQUEST, FAILED, NO_CAPACITY, OK, SHED, Outcomes
 from fleetgate.sim.prefixes import SimPrefixes
 from fleetgate.sim.replica import SimReplica
-from fleetgate.state.admission import AdmissionQueue, drain_and_budget, full
+from fleetgate.state.admission import AdmissionQueue, Refused, drain_and_budget, full
 from fleetgate.state.learning import NO_SAMPLE, Sample
 from fleetgate.state.live import LiveFleet
 
@@ -88,6 +88,7 @@ class SimGateway:
         self._max_attempts, self._policy, self._reschedule = max_attempts, policy, reschedule
         self._call_at = call_at
         self.queue: AdmissionQueue[int] = AdmissionQueue()  # one model per simulated fleet
+        self.refused = Refused()  # shed or no endpoint, per model: the scaler's demand
         self._usd_per_s = [ep.usd_per_s for ep in live.endpoints]
         self._token_price = [ep.hosted.price if ep.hosted else None for ep in live.endpoints]
         self._gpus = [ep.gpus_per_replica for ep in live.endpoints]
@@ -294,6 +295,8 @@ class SimGateway:
         self.flights.pop(r, None)
         if i >= 0:
             self.on_endpoint[i].discard(r)
+        if status in (SHED, NO_CAPACITY):
+            self.refused.add(self.req.models[int(self.req.model[r])], now)
         out = self.out
         out.status[r] = status
         out.e2e_s[r] = now - float(self.req.arrival_s[r])

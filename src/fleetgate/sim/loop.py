@@ -148,7 +148,7 @@ class Simulation:
     def _autoscale(self, now: float) -> None:
         live = self.fleet.live
         waiting = {model: float(len(self.gw.queue)) for model in self.requests.models}
-        for action in self.scaler.tick(self.fleet, now, waiting):
+        for action in self.scaler.tick(self.fleet, now, waiting, self.gw.refused.per_s(now)):
             i = action.endpoint
             if action.kind == "start":
                 self.scaler.state[i] = STARTING

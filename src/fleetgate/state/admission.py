@@ -18,6 +18,10 @@ By priority (``x-priority: high|normal|low``, or the API key's):
   goes first), so one tenant's flood cannot starve another's trickle, as llm-d's flow
   control does.
 
+``Refused`` counts, per public model, the requests the gateway refused for want of capacity
+(shed, or no endpoint could take them): demand no replica saw, which the fleet scaler adds
+to what the replicas were sent (``fleetgate.scaling``).
+
 Pure: no clocks, no asyncio. The gateway (``gateway/proxy/admission.py``) and the simulator
 (``sim/gateway.py``) each wrap it with their own waiting.
 
@@ -35,13 +39,14 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
-from fleetgate.routing.estimate import SLO_HEADROOM
+from fleetgate.routing.estimate import PREFILL_TAU_S, SLO_HEADROOM
 from fleetgate.routing.types import Decision
 
 PRIORITIES = ("high", "normal", "low")
 WAITING = PRIORITIES[1:]  # the classes that queue; high never waits
 MIN_RETRY_AFTER_S = 1
 NO_TTFT_SLO_WAIT_S = 2.0  # how long a request may wait when the policy sets only a TPOT SLO
+REFUSED_TAU_S = PREFILL_TAU_S  # as the rate of requests sent to each endpoint (state/live.py)
 
 T = TypeVar("T")
 
@@ -214,3 +219,21 @@ class AdmissionQueue(Generic[T]):
         entry.done = True
         band.size -= 1
         self._entries.pop(entry.seq, None)
+
+
+class Refused:
+    """Requests refused for want of capacity per public model, per second over about
+    ``REFUSED_TAU_S`` (an exponentially decaying count, as ``LiveFleet``'s rates)."""
+
+    def __init__(self) -> None:
+        self._rate: dict[str, tuple[float, float]] = {}  # model -> (rate, when)
+
+    def add(self, model: str, now: float) -> None:
+        self._rate[model] = (self._decayed(model, now) + 1.0 / REFUSED_TAU_S, now)
+
+    def per_s(self, now: float) -> dict[str, float]:
+        return {model: self._decayed(model, now) for model in self._rate}
+
+    def _decayed(self, model: str, now: float) -> float:
+        rate, at = self._rate.get(model, (0.0, now))
+        return rate * math.exp(min(at - now, 0.0) / REFUSED_TAU_S)

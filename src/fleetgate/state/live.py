@@ -15,7 +15,10 @@ What it keeps, per endpoint:
   time prompts take from the decodes (``routing/estimate.py``); ``recent_prefill_tokens_per_s``
   the same over about a second (``RECENT_PREFILL_TAU_S``: the router's prefill share bound),
   both brought up to date at ``prefill_at`` (the router decays the recent one to its own
-  instant); ``prompt_tokens_mean`` and
+  instant); ``requests_per_s``, the requests this gateway sent it per second over the same
+  ~10 s (brought up to date at ``prefill_at`` too), and ``peer_requests_per_s``, the other
+  gateway replicas' (``sync.py``): the arrival rate the scaler counts as demand
+  (``fleetgate.scaling``); ``prompt_tokens_mean`` and
   ``output_tokens_mean``, the workload's request shape: EWMAs over every prompt sent and
   every answer finished, and ``output_tokens_p2``, the 2nd percentile of answers (one value
   each for the whole fleet).
@@ -58,6 +61,7 @@ from fleetgate.routing.types import (
     STATIC_COLUMNS,
     STATIC_ROW,
     Endpoint,
+    FloatArray,
     Snapshot,
     finite_or_none,
 )
@@ -77,8 +81,9 @@ _IN_FLIGHT, _PEER_IN_FLIGHT = _ROW["in_flight"], _ROW["peer_in_flight"]
 _RUNNING, _QUEUED, _ACTIVE = _ROW["running"], _ROW["queued"], _ROW["active"]
 _HEALTH, _BLOCK, _PEER_BLOCK = _ROW["health"], _ROW["block_until"], _ROW["peer_block_until"]
 _CONTACT, _USABLE_FROM, _STALE_AT = _ROW["last_contact"], _ROW["usable_from"], _ROW["stale_at"]
-_PREFILL_RATE, _RECENT_RATE, _PREFILL_AT = (
-    _ROW[name] for name in ("prefill_tokens_per_s", "recent_prefill_tokens_per_s", "prefill_at"))
+_PREFILL_RATE, _RECENT_RATE, _PREFILL_AT, _REQUEST_RATE = (
+    _ROW[name] for name in ("prefill_tokens_per_s", "recent_prefill_tokens_per_s", "prefill_at",
+                            "requests_per_s"))
 _NOT_READY, _PENDING = HEALTH_CODES["not_ready"], HEALTH_CODES["pending"]
 _NOT_DESCRIBED = ("health", "block_until", "last_contact", "usable_from", "stale_at",
                   "prefill_at")
@@ -119,7 +124,8 @@ class LiveFleet:
         self._live = np.full((len(LIVE_COLUMNS), n), np.nan)
         for name in ("in_flight", "queued", "health", "block_until", "error_rate",
                      "prefill_tokens_per_s", "recent_prefill_tokens_per_s",
-                     "peer_in_flight", "peer_block_until", "active", "usable_from"):
+                     "peer_in_flight", "peer_block_until", "active", "usable_from",
+                     "requests_per_s", "peer_requests_per_s"):
             self._live[_ROW[name]] = 0.0
         self._live[_ROW["k_tpot"]] = self._live[_ROW["k_ttft"]] = 1.0
         self._live[_PREFILL_AT] = -np.inf
@@ -165,6 +171,12 @@ class LiveFleet:
 
     def value(self, i: int, name: str) -> float:
         return float(self._live[_ROW[name], i])
+
+    def request_rates(self, now: float) -> FloatArray:
+        """Requests per second this gateway sent each endpoint (``requests_per_s``), decayed
+        to ``now``."""
+        since = np.minimum(self._live[_PREFILL_AT] - now, 0.0)
+        return self._live[_REQUEST_RATE] * np.exp(since / PREFILL_TAU_S)
 
     def ready_count(self) -> int:
         return int(np.count_nonzero(self._live[_ROW["health"]] == HEALTH_CODES["ready"]))
@@ -226,6 +238,7 @@ class LiveFleet:
         self._decay_prefill(i, now)
         self._live[_PREFILL_RATE, i] += prompt_tokens / PREFILL_TAU_S
         self._live[_RECENT_RATE, i] += prompt_tokens / RECENT_PREFILL_TAU_S
+        self._live[_REQUEST_RATE, i] += 1.0 / PREFILL_TAU_S
         if prompt_tokens:  # the workload's, not the endpoint's: the router's choices bias those
             self._workload_mean("prompt_tokens_mean", prompt_tokens)
         if st.breaker.state == "half_open":
@@ -373,9 +386,12 @@ class LiveFleet:
         self._derive_active(i)
         self._derive_usable(i)
 
-    def on_peers(self, i: int, in_flight: float, block_until: float) -> None:
-        """The other gateway replicas' in-flight requests and breaker on this endpoint."""
+    def on_peers(self, i: int, in_flight: float, block_until: float,
+                 requests_per_s: float = 0.0) -> None:
+        """The other gateway replicas' in-flight requests, breaker and request rate (at
+        their last publish) on this endpoint."""
         self._live[_ROW["peer_in_flight"], i] = in_flight
+        self._live[_ROW["peer_requests_per_s"], i] = requests_per_s
         self._live[_ROW["peer_block_until"], i] = block_until
         self._derive_active(i)
         self._derive_usable(i)
@@ -451,6 +467,7 @@ class LiveFleet:
         if since < 0:
             col[_PREFILL_RATE] *= math.exp(since / PREFILL_TAU_S)
             col[_RECENT_RATE] *= math.exp(since / RECENT_PREFILL_TAU_S)
+            col[_REQUEST_RATE] *= math.exp(since / PREFILL_TAU_S)
             col[_PREFILL_AT] = now
 
     def _derive_active(self, i: int) -> None:

@@ -1,10 +1,11 @@
 """Replica sync: share per-endpoint load with the other gateway replicas, off the hot path.
 
 Every ``interval_s`` the sync task publishes this replica's view of the endpoints it has
-something to say about (its own in-flight requests or an open breaker there: at 10,000
-endpoints a share of every one would cost more than the scraping it saves) to the shared
-state with a TTL of a few intervals, and reads the other live replicas' views: their
-in-flight counts are summed into each endpoint's ``peer_in_flight`` and their open breakers
+something to say about (its own in-flight requests, recent requests or an open breaker
+there: at 10,000 endpoints a share of every one would cost more than the scraping it saves)
+to the shared state with a TTL of a few intervals, and reads the other live replicas'
+views: their in-flight counts are summed into each endpoint's ``peer_in_flight``, their
+request rates into ``peer_requests_per_s`` (the scaler's demand) and their open breakers
 into ``peer_block_until``, which the router reads from its local snapshot; an endpoint no
 peer mentions any more goes back to 0. Routing never waits on Redis; a replica that dies
 stops publishing and its load expires with the TTL.
@@ -35,6 +36,7 @@ from fleetgate.state.shard import ScrapeShard
 from fleetgate.state.store import EndpointShare, SharedState, StoreUnavailable
 
 log = logging.getLogger("fleetgate.sync")
+MIN_SHARED_RATE = 0.01  # requests/s: an endpoint sent less (and nothing in flight) is idle
 
 
 class PeerSync:
@@ -56,17 +58,19 @@ class PeerSync:
         self.peers_seen = len(peers)
         in_flight: dict[str, float] = defaultdict(float)
         blocked: dict[str, float] = defaultdict(float)
+        rates: dict[str, float] = defaultdict(float)
         for shares in peers.values():
             for endpoint_id, share in shares.items():
                 in_flight[endpoint_id] += share.in_flight
                 blocked[endpoint_id] = max(blocked[endpoint_id], share.breaker_open_until)
+                rates[endpoint_id] += share.requests_per_s
         mono, wall, index = fleet.clock(), self._wall(), fleet.live.index
         mentioned = {i for eid in (*in_flight, *blocked) if (i := index.get(eid)) is not None}
         for i in mentioned | self._mentioned:
             eid = fleet.endpoints[i].id
             until = blocked.get(eid, 0.0)
             local_until = mono + (until - wall) if until > wall else 0.0
-            fleet.live.on_peers(i, in_flight.get(eid, 0.0), local_until)
+            fleet.live.on_peers(i, in_flight.get(eid, 0.0), local_until, rates.get(eid, 0.0))
         self._mentioned = mentioned
         await self._scrape_shard(fleet, peers)
 
@@ -98,7 +102,9 @@ class PeerSync:
     def _shares(self, fleet: Fleet) -> dict[str, EndpointShare]:
         live, mono, wall = fleet.live, fleet.clock(), self._wall()
         out = {}
-        busy = (live.column("in_flight") > 0) | (live.column("block_until") > mono)
+        rates = live.request_rates(mono)
+        busy = ((live.column("in_flight") > 0) | (live.column("block_until") > mono)
+                | (rates >= MIN_SHARED_RATE))
         for i in np.flatnonzero(busy).tolist():  # the rest: nothing the others need from here
             ep = fleet.endpoints[i]
             block = live.value(i, "block_until")
@@ -109,7 +115,8 @@ class PeerSync:
                 tpot_s=_opt(live.value(i, "tpot_s")),
                 tokens_per_s=_opt(live.value(i, "tokens_per_s")),
                 k_ttft=live.value(i, "k_ttft"), k_tpot=live.value(i, "k_tpot"),
-                breaker_open_until=until, health=live.stats[i].health.state)
+                breaker_open_until=until, health=live.stats[i].health.state,
+                requests_per_s=float(rates[i]))
         return out
 
 

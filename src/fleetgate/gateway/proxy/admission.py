@@ -7,7 +7,8 @@ may go (route again and dispatch), or raises ``Overloaded`` (429 with ``Retry-Af
 its predicted wait does not fit its TTFT budget or its deadline passes. Each attempt's end
 calls ``released`` for its (model, API), which lets as many waiters go as the router has
 room for (a released waiter dispatches a moment later, so the ones released together are
-counted against the room).
+counted against the room). ``refused`` counts what is shed, and what ``ProxyService`` finds
+no endpoint for, per model: demand the fleet scaler adds (``refused_by_model``).
 
 May touch: asyncio, state.admission, routing types. Must not touch: HTTP.
 """
@@ -15,13 +16,14 @@ May touch: asyncio, state.admission, routing types. Must not touch: HTTP.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from fleetgate.gateway.errors import Overloaded
 from fleetgate.routing import Decision, RoutingRequest
-from fleetgate.state.admission import AdmissionQueue, drain_and_budget, retry_after_s
+from fleetgate.state.admission import AdmissionQueue, Refused, drain_and_budget, retry_after_s
 
 Key = tuple[str, str]  # (model, API)
 
@@ -33,11 +35,14 @@ class _Waiter:
 
 
 class FlowControl:
-    def __init__(self, room: Callable[[RoutingRequest], int | None]) -> None:
+    def __init__(self, room: Callable[[RoutingRequest], int | None],
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._room = room
+        self._clock = clock
         self._queues: dict[Key, AdmissionQueue[_Waiter]] = {}
         self.waited: Counter[str] = Counter()  # by priority: requests that queued
         self.shed: Counter[str] = Counter()  # by priority: 429s
+        self.refused = Refused()
 
     def waiting(self, key: Key) -> int:
         queue = self._queues.get(key)
@@ -50,6 +55,14 @@ class FlowControl:
             out[model] = out.get(model, 0.0) + len(queue)
         return out
 
+    def refuse(self, model: str) -> None:
+        """A request for ``model`` found no capacity (shed, or no endpoint could take it)."""
+        self.refused.add(model, self._clock())
+
+    def refused_by_model(self) -> dict[str, float]:
+        """Requests refused for want of capacity per second, per public model, recently."""
+        return self.refused.per_s(self._clock())
+
     async def wait(self, routing: RoutingRequest, priority: str, weight: float,
                    decision: Decision) -> None:
         key = (routing.model, routing.api)
@@ -57,8 +70,8 @@ class FlowControl:
         drain, budget = drain_and_budget(decision)
         may, wait = queue.admit(priority, drain, budget)
         if not may:
-            raise self._shed(priority, wait, "its predicted wait for a slot is longer than "
-                             "the policy's TTFT SLO allows")
+            raise self._shed(routing.model, priority, wait, "its predicted wait for a slot is "
+                             "longer than the policy's TTFT SLO allows")
         loop = asyncio.get_running_loop()
         waiter = _Waiter(routing, loop.create_future())
         ticket = queue.push(waiter, priority, routing.tenant or "", weight,
@@ -68,8 +81,8 @@ class FlowControl:
         try:
             await asyncio.wait_for(asyncio.shield(waiter.future), timeout=budget)
         except TimeoutError:
-            raise self._shed(priority, wait, "no slot freed within the policy's TTFT SLO") \
-                from None
+            raise self._shed(routing.model, priority, wait,
+                             "no slot freed within the policy's TTFT SLO") from None
         finally:
             queue.cancel(ticket)
 
@@ -88,8 +101,9 @@ class FlowControl:
             if not waiter.future.done():
                 waiter.future.set_result(None)
 
-    def _shed(self, priority: str, wait_s: float, why: str) -> Overloaded:
+    def _shed(self, model: str, priority: str, wait_s: float, why: str) -> Overloaded:
         self.shed[priority] += 1
+        self.refuse(model)
         return Overloaded(f"every endpoint serving this model is past its SLO capacity and "
                           f"{why}: {priority}-priority request shed, retry later",
                           headers={"retry-after": str(retry_after_s(wait_s))})

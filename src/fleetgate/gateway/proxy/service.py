@@ -172,6 +172,7 @@ class ProxyService:
         if req.routing.stream and req.api.resumes and gen.resume.get(decision.policy, True):
             ex.resumer = functools.partial(self._resume, ex)
         if not len(decision.order):
+            self.flow.refuse(req.routing.model)
             raise Unserved(UNAVAILABLE, NoCapacity(
                 f"no endpoint can serve model {req.routing.model!r} now ({decision.reason})"),
                 decision, ex.entry)

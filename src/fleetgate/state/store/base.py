@@ -70,6 +70,7 @@ class EndpointShare:
     k_tpot: float
     breaker_open_until: float
     health: str
+    requests_per_s: float = 0.0  # sent it per second recently (the scaler's demand)
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +200,8 @@ def _wire(x: float | None) -> float | str | None:
 def encode_shares(shares: Mapping[str, EndpointShare]) -> bytes:
     return orjson.dumps({
         eid: [_wire(s.in_flight), _wire(s.ttft_s), _wire(s.tpot_s), _wire(s.tokens_per_s),
-              _wire(s.k_ttft), _wire(s.k_tpot), _wire(s.breaker_open_until), s.health]
+              _wire(s.k_ttft), _wire(s.k_tpot), _wire(s.breaker_open_until), s.health,
+              _wire(s.requests_per_s)]
         for eid, s in shares.items()
     })
 
@@ -210,10 +212,10 @@ def decode_shares(blob: bytes | str) -> dict[str, EndpointShare]:
     out = {}
     try:
         for eid, row in orjson.loads(blob).items():
-            v = row[:7]
+            v = row[:7] + row[8:9]  # a replica before requests_per_s sends 8 fields
             if str in map(type, v):  # rare: a non-finite float travelled as a string
                 v = [float(x) if isinstance(x, str) else x for x in v]
-            out[eid] = EndpointShare(v[0], v[1], v[2], v[3], v[4], v[5], v[6], str(row[7]))
+            out[eid] = EndpointShare(*v[:7], str(row[7]), *v[7:8])
     except (TypeError, AttributeError, IndexError, orjson.JSONDecodeError) as exc:
         raise ValueError(f"malformed shares: {exc}") from exc
     return out

@@ -42,7 +42,7 @@ function scaledRow(p, s) {
     <td class="n">${S("min", "int")}–${S("max", "int")}</td>
     <td class="n">${S("usd_per_hour", "usd")}</td>
     <td class="n">${S("usd_per_hour_at_desired", "usd")}</td>
-    <td class="n">${S("load")} / ${S("replica_capacity")}</td>
+    <td class="n">${S("load_per_s")} / ${S("replica_capacity_per_s")}</td>
     <td class="why">${esc(s.reason)}</td></tr>`;
 }
 
@@ -65,7 +65,7 @@ function renderScaling(endpoints, scaling) {
   const rows = endpoints.pools.map(p => scaled[p.pool] ? scaledRow(p, scaled[p.pool]) : fixedRow(p));
   document.getElementById("scaling").innerHTML = `<thead><tr><th>pool</th><th>replicas</th>
     <th>ready</th><th>starting</th><th>draining</th><th>desired</th><th>min–max</th>
-    <th>$/hour now</th><th>$/hour at desired</th><th>load / per replica</th><th>why</th></tr></thead>
+    <th>$/hour now</th><th>$/hour at desired</th><th>req/s / per replica</th><th>why</th></tr></thead>
     <tbody>${rows.join("") || '<tr><td colspan="11" class="empty">no pools configured</td></tr>'}
     <tr class="total" data-scaling="fleet"><td><b>fleet</b></td><td colspan="6"></td>
     <td class="n"><b>${total("fleet_usd_per_hour", bill.now)}</b></td>
