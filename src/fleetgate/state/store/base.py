@@ -215,7 +215,8 @@ def decode_shares(blob: bytes | str) -> dict[str, EndpointShare]:
             v = row[:7] + row[8:9]  # a replica before requests_per_s sends 8 fields
             if str in map(type, v):  # rare: a non-finite float travelled as a string
                 v = [float(x) if isinstance(x, str) else x for x in v]
-            out[eid] = EndpointShare(*v[:7], str(row[7]), *v[7:8])
+            out[eid] = EndpointShare(v[0], v[1], v[2], v[3], v[4], v[5], v[6], str(row[7]),
+                                     v[7] if len(v) > 7 else 0.0)
     except (TypeError, AttributeError, IndexError, orjson.JSONDecodeError) as exc:
         raise ValueError(f"malformed shares: {exc}") from exc
     return out
