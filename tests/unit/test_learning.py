@@ -149,6 +149,20 @@ def test_misses_that_grow_with_load_set_the_knee() -> None:
     assert knee and 30 <= cap <= 40
 
 
+def test_misses_bunched_at_light_loads_are_not_a_knee() -> None:
+    """Under bursts a request sent to a nearly idle replica as a burst lands there misses
+    in the burst's prefills; every heavier load met the SLO: no capacity of 4."""
+    table = ClassTable.empty()
+    fill(table, range(1, 3), 100, 400)
+    fill(table, range(3, 6), 100, 60)  # 1.7% at loads 3 to 5
+    fill(table, range(6, 60), 100, 1000)  # 0.1% from 6 to 59
+    cap, knee = table.capacity()
+    assert not knee and cap > 59
+    fill(table, range(60, 80), 200, 20)  # 5% from 60 on: overload, a knee after all
+    cap, knee = table.capacity()
+    assert knee and 45 <= cap <= 60
+
+
 def test_a_class_that_misses_at_every_load_is_not_used() -> None:
     table = ClassTable.empty()
     fill(table, range(1, 30), 100, 20)  # 5% even when nearly idle

@@ -14,22 +14,31 @@ per bin it keeps
   percentile (p99 for "99% of requests"): the predictions ``predicted`` returns and the
   decision log shows.
 
-Predicted miss share at load B = the miss share of B's bin. The class's capacity is the
-largest load whose bin and every bin below it are not *significantly* over the miss budget:
+Predicted miss share at load B = the miss share of B's bin. The class's capacity ends at
+its *knee*, the lowest load from which every heavier load seen misses *significantly* more
+than the budget allows:
 
     budget = max(TARGET_MISS, floor + TARGET_MISS / 2)
-    bad(b) = m >= 3 and m > budget * n + Z * sqrt(budget * n), with n and m the results and
-             misses of bin b and the bin below it together (one-sided, Z = 1.5: a miss or
-             two in a thinly sampled bin is the tail, not load)
+    over(b) = m >= 3 and m > budget * n + Z * sqrt(budget * n), with n and m the results and
+              misses of bin b and the bin below it together (one-sided, Z = 1.5: a miss or
+              two in a thinly sampled bin is the tail, not load)
+    knee = the lowest sampled bin k with over(b) for every sampled bin b >= k, walking down
+           from the heaviest load seen (none when that one is not over)
 
 ``floor`` is the miss share at up to half the highest load seen: a miss that every load has (a
 short answer whose few steps share one with a long prefill) is the workload's, not the
-load's, and does not shrink capacity; only misses that grow with load do. Walking up the
-bins: a bad bin ends the walk (capacity = the top of the bin below it, and the class has a
-known knee); a well-sampled good bin extends capacity to its top; an unsampled bin is taken
-once, as exploration, then the walk ends. So the capacity sits one bin (19%) above the
-loads it has seen, and grows as the router fills replicas to it and they meet the SLO, up
-to the first load where misses rise: measured, with no miss counter that the tail every load
+load's, and does not shrink capacity; only misses that grow with load do. Nor do misses
+that bunch at a few light loads while heavier ones meet the SLO: under bursts, a request
+sent to a nearly idle replica just as a burst lands there misses its TPOT in the burst's
+prefills (the load at dispatch is not the load it lived through), and with ~25 bins judged
+one at a time some bin is over by chance. Walking up and stopping at the first bin over
+set the H100 class's capacity at 4-5 requests on nvidia-cheap's bursty cell, where that
+class met the SLO at 13 to 90 in flight (BENCHMARKS.md, issue 23).
+
+With a knee, capacity = the top of the bin below it. Without one, capacity = one bin (19%)
+above the heaviest load well sampled (``MIN_EXPLORE`` results in it and the bin below), an
+exploration: it grows as the router fills replicas to it and they meet the SLO, up to the
+load where misses rise and stay up: measured, with no miss counter that the tail every load
 has keeps cutting (the AIMD limits this replaces: BENCHMARKS.md, issue 22).
 
 Before ``MIN_RESULTS`` judged results a class has no capacity (NaN) and the router uses the
@@ -140,17 +149,18 @@ class ClassTable:
         if floor > UNFIT_FLOOR:  # misses at every load: no capacity in requests explains them
             return 0.0, True
         budget = max(TARGET_MISS, floor + TARGET_MISS / 2)
-        confirmed = 0
-        for b in range(NBINS):
-            if n[b] < MIN_SEEN:
-                continue
-            pooled_n = n[b] + (n[b - 1] if b else 0.0)  # this bin and the one below it
-            pooled = misses[b] + (misses[b - 1] if b else 0.0)
-            if pooled >= MIN_MISSES and pooled > budget * pooled_n + Z * math.sqrt(
-                    budget * pooled_n):
-                return _below(b), True
-            if pooled_n >= MIN_EXPLORE:
-                confirmed = b
+        pooled_n = n + np.concatenate(([0.0], n[:-1]))  # each bin and the one below it
+        pooled = misses + np.concatenate(([0.0], misses[:-1]))
+        sampled = np.flatnonzero(n >= MIN_SEEN)
+        knee = None
+        for b in sampled[::-1]:  # down from the heaviest load, while misses stay up
+            if not _over(pooled[b], pooled_n[b], budget):
+                break
+            knee = int(b)
+        if knee is not None:
+            return _below(knee), True
+        explored = sampled[pooled_n[sampled] >= MIN_EXPLORE]
+        confirmed = int(explored[-1]) if len(explored) else 0
         top = bin_top(confirmed)  # explore one bin above the highest load judged good
         return max(top + 1.0, math.floor(top * 2.0 ** (1 / BINS_PER_DOUBLING))), False
 
@@ -162,6 +172,11 @@ class ClassTable:
             b -= 1
         miss = self.misses[b] / self.n[b] if self.n[b] >= 1 else math.nan
         return float(self.q[1, b]), float(self.q[3, b]), float(miss)
+
+
+def _over(misses: float, n: float, budget: float) -> bool:
+    """Significantly more misses than ``budget`` allows in ``n`` results (one-sided, Z)."""
+    return misses >= MIN_MISSES and misses > budget * n + Z * math.sqrt(budget * n)
 
 
 def _quantile(q: FloatArray, row: int, b: int, value: float, level: float) -> None:
