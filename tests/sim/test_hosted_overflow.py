@@ -3,8 +3,8 @@
 two-minute cold start, and a hosted API capped at 128 requests) under a burst to twice what
 that one replica carries (``examples/hosted-burst.yaml``), seed fixed, virtual time.
 
-With the hosted pool the burst keeps at least 99% of requests within the SLO, the hosted
-API's share and spend reported apart (charged per token, never billed as replicas); without
+With the hosted pool the burst keeps at least 99% of requests within the SLO (a few shed
+while the API is at its cap), the hosted API's share and spend reported apart (charged per token, never billed as replicas); without
 it the same requests are shed (429) while the new replicas boot.
 """
 
@@ -30,7 +30,7 @@ def test_a_burst_overflows_to_the_hosted_pool_and_sheds_without_it() -> None:
     without = simulate(own, workload, seed=1).as_json()["policies"]["cost"]
 
     assert with_hosted["slo_attainment"] >= 0.99, with_hosted
-    assert with_hosted["shed"] == 0
+    assert with_hosted["shed"] <= 0.001 * with_hosted["requests"]  # the API's cap, briefly
     hosted = with_hosted["pools"][HOSTED]
     assert hosted["hosted"] is True and 0.05 < hosted["share"] < 0.5
     assert with_hosted["hosted_share"] == hosted["share"]
@@ -39,9 +39,9 @@ def test_a_burst_overflows_to_the_hosted_pool_and_sheds_without_it() -> None:
     assert with_hosted["hosted_usd"] == hosted["usd"]
     assert with_hosted["usd"] == pytest.approx(
         hosted["usd"] + with_hosted["pools"]["mi300x-sglang"]["usd"], rel=1e-5)
-    # the self-hosted bill is the same: the scaler bought what it would have without it
-    # (within 5%: what is shed counts as demand when refused, the hosted API's when sent)
-    assert with_hosted["provisioned_usd"] == pytest.approx(without["provisioned_usd"], rel=0.05)
+    # the hosted API is demand, never capacity: the scaler buys at least what it buys without
+    # it (more: what is shed counts as demand at a decaying rate, what the API takes in full)
+    assert with_hosted["provisioned_usd"] >= without["provisioned_usd"]
 
     assert without["shed"] > 0.05 * without["requests"], without
     assert without["slo_attainment"] < 0.9

@@ -19,20 +19,21 @@ autoscaled cells; BENCHMARKS.md, issue 23). A rate is the same whatever the rout
 Capacity: the requests per second one replica takes within the SLO, for a request of the
 workload's typical shape (the prompt and answer means the gateway has seen, less what the
 prefix caches hold), under the SLO the scaler is given; the median over the pool's slots.
-That is the smaller of the router's B_slo from the catalog prior as corrected by the class's
-learned speed (``k_tpot``, ``k_ttft``: learned from every finished request's latency), and,
-under a TPOT SLO, the requests the router's own prefill share bound lets in at a steady rate
-(``STEADY_PREFILL_SHARE`` of a replica's time on prompts: the router bounds the share of the
-last second at ``MAX_SLO_PREFILL_SHARE``, which a steady stream of prompts cannot fill, as
-arrivals come in clumps; 0.4 is the share the scaler's matrix was measured at), each staying
-as long as a request does at that load; the rate is that many requests over their stay
-(Little's law, ``_capacity``). Measured on the scenario fleets (BENCHMARKS.md, issue 23):
-with B_slo alone the scaler bought half the replicas the router fills on 1,500-token prompts
-(amd-cheap at 60% load: 93.8% within the SLO; 99.1% with the share bound); with the learned
-knee of ``state/slo_capacity.py`` in place of the prior's B_slo, the H100 class's capacity
-swung between 7 and 60 from one tick to the next under the cost router's packing and the
-bill followed it (nvidia-cheap at 60%, 900 s: $10.46 against $6.26 with the prior, both
-99.0% within the SLO).
+That is the largest rate whose requests in flight (each staying as long as a request does at
+that load: Little's law) fit the router's B_slo from the catalog prior as corrected by the
+class's learned speed (``k_tpot``, ``k_ttft``: learned from every finished request's
+latency), and, under a TPOT SLO, at most what the router's own prefill share bound lets in
+at a steady rate (``STEADY_PREFILL_SHARE`` of a replica's time on prompts: the router bounds
+the share of the last second at ``MAX_SLO_PREFILL_SHARE``, which a steady stream of prompts
+cannot fill, as arrivals come in clumps), ``_capacity``. 0.5 was chosen by measurement on
+the matrix's autoscaled cells (BENCHMARKS.md, issue 23: the bill 15-19% lower than at 0.4,
+the SLO held; 0.6 and 0.7 no lower). Measured on the scenario fleets before: with B_slo
+alone the scaler bought half the replicas the router fills on 1,500-token prompts (amd-cheap
+at 60% load: 93.8% within the SLO; 99.1% with the share bound); with the learned knee of
+``state/slo_capacity.py`` in place of the prior's B_slo, the H100 class's capacity swung
+between 7 and 60 from one tick to the next under the cost router's packing and the bill
+followed it (nvidia-cheap at 60%, 900 s: $10.46 against $6.26 with the prior, both 99.0%
+within the SLO).
 
 A hosted API priced per token (``price_per_mtok``) is neither scaled nor paid-for capacity:
 its PoolState has no replicas, no capacity and no price, so it covers none of the demand;
@@ -146,18 +147,20 @@ def changes(pool: ScaledPool, desired: int, live: LiveFleet) -> tuple[list[int],
         return [], order[:have - desired]
     return [], []
 
-STEADY_PREFILL_SHARE = 0.4
+STEADY_PREFILL_SHARE = 0.5  # of a replica's time on prompts, at a steady rate
+MAX_STEADY_SHARE = 0.95  # without a TPOT SLO: prompts may take nearly all of it
 
 
 def _capacity(live: LiveFleet, snap: Snapshot, idx: IntArray, request: RoutingRequest,
               slo: Slo) -> float:
     """One replica's SLO capacity in requests per second (module docstring), the median over
-    the pool's slots: ``c / stay(c)`` for ``c`` requests running, each staying ``TTFT +
-    (g - 1) x TPOT(c)`` (the prior's step at that batch, the learned correction, decode
-    slowed by the prefill share); ``c`` is the router's B_slo, and under a TPOT SLO at most
-    what the router's prefill share bound lets in, ``rate = STEADY_PREFILL_SHARE / (prefill
-    time of a typical prompt)`` prompts a second: ``c = min(B_slo, rate x stay(c))``, a
-    fixed point reached from above in a few steps."""
+    the pool's slots: the largest rate ``r`` whose requests in flight ``c`` fit the router's
+    B_slo, under a TPOT SLO at most ``STEADY_PREFILL_SHARE / (prefill time of a typical
+    prompt)``. ``c = r x stay(c)`` (Little's law), a request staying ``TTFT + (g - 1) x
+    TPOT(c)``: the prior's step at that batch, the learned correction, decode slowed by the
+    prefill share that rate makes (``r x`` the prefill time). Self-consistent: a rate that
+    B_slo caps is not charged the whole share's slowdown (a fixed share of 0.6 made the
+    capacity smaller than at 0.5, BENCHMARKS.md, issue 23)."""
     rows = snap.live.copy()  # the prior's B_slo (corrected by k_tpot, k_ttft), not the knee
     rows[LIVE_ROW["slo_limit"]] = np.nan
     est = Estimates(replace(snap, live=rows), idx, request, slo)
@@ -166,20 +169,27 @@ def _capacity(live: LiveFleet, snap: Snapshot, idx: IntArray, request: RoutingRe
     col = est.column
     b_max = np.maximum(np.floor(np.minimum(col("max_batch"), col("kv_capacity_tokens") / (n + g))),
                        1.0)
-    slow = col("k_tpot") / (1.0 - STEADY_PREFILL_SHARE)
     ttft = np.asarray(est["ttft_s"], dtype=float)
+    prefill = np.maximum(col("prefill_s_per_token") * n, 1e-12)  # one typical prompt's
+    decode_base = (g - 1) * col("k_tpot") * col("step_base_s")
+    decode_ctx = (g - 1) * col("k_tpot") * col("step_per_ctx_token_s") * (n + g / 2)
 
-    def stay(c: FloatArray) -> FloatArray:
-        tpot = slow * (col("step_base_s") + col("step_per_ctx_token_s") * (n + g / 2)
-                       * np.minimum(c, b_max))
-        return np.asarray(ttft + (g - 1) * tpot)
+    def running(rate: FloatArray) -> FloatArray:
+        """Requests in flight at ``rate`` a second (closed form below ``b_max``)."""
+        slow = 1.0 / (1.0 - rate * prefill)
+        below = rate * (ttft + slow * decode_base) / np.maximum(
+            1.0 - rate * slow * decode_ctx, 1e-12)
+        full = rate * (ttft + slow * (decode_base + decode_ctx * b_max))
+        return np.asarray(np.where((below > 0) & (below <= b_max), below, full))
 
-    c = caps
-    if slo.tpot_s is not None:
-        rate = STEADY_PREFILL_SHARE / np.maximum(col("prefill_s_per_token") * n, 1e-12)
-        for _ in range(6):
-            c = np.minimum(caps, np.maximum(np.floor(rate * stay(c)), 1.0))
-    return float(np.median(c / stay(c)))
+    share = STEADY_PREFILL_SHARE if slo.tpot_s is not None else MAX_STEADY_SHARE
+    top = share / prefill
+    lo, hi = np.zeros_like(top), top
+    for _ in range(40):  # bisection: c grows with the rate
+        mid = (lo + hi) / 2
+        fits = running(mid) <= caps
+        lo, hi = np.where(fits, mid, lo), np.where(fits, hi, mid)
+    return float(np.median(np.where(running(top) <= caps, top, lo)))
 
 
 def _typical_request(live: LiveFleet, pools: Sequence[ScaledPool]) -> RoutingRequest:
