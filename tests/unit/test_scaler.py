@@ -5,6 +5,7 @@ flight that a packing router inflates."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from fleetgate.config.loader import parse_config
 from fleetgate.config.schema import AutoscaleConfig
 from fleetgate.routing.estimate import PREFILL_TAU_S
-from fleetgate.scaling import FleetScaler, PoolState, allocate, observe, scaled_pools
+from fleetgate.scaling import FleetScaler, PoolState, allocate, observe, scaled_pools, signals
 from fleetgate.scaling.scaler import DEMAND_WINDOW_S, groups
 from fleetgate.scaling.signals import scaling_slo
 from fleetgate.state.admission import REFUSED_TAU_S, Refused
@@ -149,3 +150,24 @@ def test_refused_requests_count_as_demand_and_fade() -> None:
     other = scaler.tick(10.0, [pool("q", 1.0, 1.0, lo=0, ready=0, models="x")],
                         refused=refused.per_s(10.0))
     assert other["q"].desired == 0  # another model's refusals are not its demand
+
+
+def test_a_replica_takes_no_fewer_requests_per_second_where_prompts_may_take_more_time(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The capacity is self-consistent: a rate that B_slo caps is not charged the slowdown
+    of a prefill share it does not reach (with a fixed slowdown, 0.6 gave less than 0.5)."""
+    cfg = parse_config(FLEET, "fleet.yaml", {})
+    live = live_fleet(fleet_endpoints(cfg))
+    for i in range(2):
+        live.on_probe(i, 0.0, True, "ok")
+    for k in range(50):  # the workload: 6,000-token prompts, 300-token answers
+        sample = live.on_dispatch(k % 2, 0.1 * k, 0.1, 6000)
+        live.on_finish(k % 2, 0.1 * k, 300, 5.0, 0.02, sample)
+    pools = scaled_pools(cfg, live.endpoints, {"h100"})
+    caps = []
+    for share in (0.3, 0.4, 0.5, 0.6, 0.7, 0.8):
+        monkeypatch.setattr(signals, "STEADY_PREFILL_SHARE", share)
+        (state,) = observe(live, pools, scaling_slo(cfg), 5.0)
+        caps.append(state.capacity)
+    assert all(b >= a * (1 - 1e-9) for a, b in itertools.pairwise(caps)), caps
+    assert caps[0] < caps[-1], caps  # the share binds at 0.3, B_slo from 0.4
