@@ -4,8 +4,9 @@ two-minute cold start, and a hosted API capped at 128 requests) under a burst to
 that one replica carries (``examples/hosted-burst.yaml``), seed fixed, virtual time.
 
 With the hosted pool the burst keeps at least 99% of requests within the SLO (a few shed
-while the API is at its cap), the hosted API's share and spend reported apart (charged per token, never billed as replicas); without
-it the same requests are shed (429) while the new replicas boot.
+while the API is at its cap), the hosted API's share and spend reported apart (charged per
+token, never billed as replicas); without it the same requests are shed (429) while the new
+replicas boot.
 """
 
 from __future__ import annotations
