@@ -29,6 +29,7 @@ from inproc import inproc_gateway, tick
 MODEL = "llama-3.1-8b"
 LONG_PROMPT = "Summarise the accelerator market. " * 235  # ~2,000 tokens
 SERIAL = iter(range(1_000_000))  # each prompt its own (no prefix cache hit makes it cheap)
+WORKERS = 96  # closed loop: more than the floors serve within the SLO
 
 
 def _default_fleet() -> dict[str, Any]:
@@ -58,7 +59,7 @@ async def _burst(client: openai.AsyncOpenAI, statuses: Counter[str], until: floa
     async def worker() -> None:
         while time.monotonic() < until:
             await _stream(client, statuses)
-    await asyncio.gather(*(worker() for _ in range(32)))
+    await asyncio.gather(*(worker() for _ in range(WORKERS)))
 
 
 async def _scaling(http: httpx.AsyncClient, url: str) -> dict[str, Any]:

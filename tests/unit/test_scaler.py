@@ -13,7 +13,15 @@ import pytest
 from fleetgate.config.loader import parse_config
 from fleetgate.config.schema import AutoscaleConfig
 from fleetgate.routing.estimate import PREFILL_TAU_S
-from fleetgate.scaling import FleetScaler, PoolState, allocate, observe, scaled_pools, signals
+from fleetgate.scaling import (
+    FleetScaler,
+    PoolState,
+    Target,
+    allocate,
+    observe,
+    scaled_pools,
+    signals,
+)
 from fleetgate.scaling.scaler import DEMAND_WINDOW_S, groups
 from fleetgate.scaling.signals import scaling_slo
 from fleetgate.state.admission import REFUSED_TAU_S, Refused
@@ -22,11 +30,12 @@ from fleetgate.state.fleet import fleet_endpoints, live_fleet
 
 def pool(name: str, usd: float, capacity: float, *, ready: int = 1, load: float = 0.0,
          lo: int = 1, hi: int = 8, target: float = 1.0, models: str = "m", delay: float = 60.0,
-         scaled: bool = True, starting: int = 0) -> PoolState:
+         scaled: bool = True, starting: int = 0,
+         outcomes: tuple[float, float] = (0.0, 0.0), active: float = 0.0) -> PoolState:
     spec = AutoscaleConfig(min_replicas=lo, max_replicas=hi, target_utilization=target,
                            scale_down_delay_s=delay) if scaled else None
     return PoolState(name, frozenset(models.split(",")), usd, capacity, load, ready,
-                     starting, autoscale=spec)
+                     starting, autoscale=spec, outcomes=outcomes, active=active)
 
 
 @pytest.mark.parametrize(("demand", "expected"), [
@@ -95,6 +104,14 @@ def test_waiting_requests_count_once_for_their_group() -> None:
                             pool("q", 1.0, 10.0, lo=0, ready=0, models="other")],
                       {"m": 25.0 * DEMAND_WINDOW_S})  # 25 req/s to serve them in the window
     assert out["p"].desired == 3 and out["q"].desired == 0
+
+
+def test_waiting_requests_count_as_the_rate_they_would_make_running() -> None:
+    """A closed-loop burst is sent only as fast as the fleet serves it: 10 req/s with 20
+    running (2 s each) and 10 more waiting is 15 req/s of demand, not 10.5."""
+    out = FleetScaler().tick(0.0, [pool("p", 1.0, 10.0, lo=0, load=10.0, active=20.0)],
+                             {"m": 10.0})
+    assert out["p"].desired == 2 and "demand 15.0 req/s" in out["p"].reason
 
 
 def test_starting_replicas_count_as_supply_and_the_bill_is_reported() -> None:
@@ -171,3 +188,31 @@ def test_a_replica_takes_no_fewer_requests_per_second_where_prompts_may_take_mor
         caps.append(state.capacity)
     assert all(b >= a * (1 - 1e-9) for a, b in itertools.pairwise(caps)), caps
     assert caps[0] < caps[-1], caps  # the share binds at 0.3, B_slo from 0.4
+
+
+def test_the_packing_follows_how_the_group_holds_its_slo() -> None:
+    """A group that holds its SLO with room to spare is packed up to its replicas' whole
+    capacity; one that misses over the budget goes back to its target utilization."""
+    scaler = FleetScaler()
+    desired = 8
+
+    def tick(k: int, judged: float, missed: float) -> Target:
+        nonlocal desired
+        state = pool("p", 1.0, 10.0, ready=desired, load=40.0, target=0.5, delay=0.0,
+                     outcomes=(judged, missed))
+        target = scaler.tick(5.0 * k, [state])["p"]
+        desired = target.desired
+        return target
+
+    assert tick(0, 10.0, 0.0).desired == 8  # 40 req/s at 5 a replica
+    for k in range(1, 200):  # 600 results a minute, none missed
+        held = tick(k, 10.0, 0.0)
+    assert scaler.packing[frozenset({"m"})][0] == pytest.approx(2.0)  # 1 / target: all of it
+    assert held.desired == 4 and held.packing == pytest.approx(2.0)
+    assert "filled to 2.00x the target utilization" in held.reason
+    for k in range(200, 230):  # 2% missed: back to the target, never below it
+        missed = tick(k, 10.0, 0.2)
+    assert scaler.packing[frozenset({"m"})][0] == 1.0 and missed.desired == 8
+    few = FleetScaler()
+    few.tick(0.0, [pool("p", 1.0, 10.0, outcomes=(1.0, 0.0))])  # 60 results: too few
+    assert few.packing[frozenset({"m"})][0] == 1.0

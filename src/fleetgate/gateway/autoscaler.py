@@ -108,6 +108,7 @@ class GatewayScaler:
                 "actuated": pool.managed, "reason": target.reason,
                 "load_per_s": round(target.load, 2),
                 "replica_capacity_per_s": round(target.replica_capacity, 2),
+                "packing": round(target.packing, 3),
                 "usd_per_hour": round(target.usd_per_hour, 4),
                 "usd_per_hour_at_desired": round(target.usd_per_hour_at_desired, 4)}
         return {"pools": out}

@@ -6,11 +6,24 @@ Per group of pools that serve the same models (pools sharing a model are one gro
 
 * demand = the requests per second the gateway sends the group's replicas (``signals.py``),
   plus those it refused for want of capacity (shed, or no endpoint: ``state.admission``
-  ``Refused``), plus those waiting in its admission queue as a rate (drained over
-  ``DEMAND_WINDOW_S``), averaged over the last ``DEMAND_WINDOW_S``;
-* a replica of pool p carries ``capacity_p x target_utilization_p`` of it, ``capacity_p``
-  the requests per second it runs within the SLO, from the router's own model of a
-  replica (``signals.py``: the catalog prior as corrected by the class's learned speed);
+  ``Refused``), plus those waiting in its admission queue as the rate they would make
+  running (Little's law: each as many requests a second as one running on the group's
+  replicas, rate sent over requests on them; a closed-loop burst of 32 clients is sent only
+  as fast as the fleet serves it, so the queue is its only sign), averaged over the last
+  ``DEMAND_WINDOW_S``;
+* a replica of pool p carries ``capacity_p x target_utilization_p x packing`` of it,
+  ``capacity_p`` the requests per second it runs within the SLO, from the router's own
+  model of a replica (``signals.py``: the catalog prior as corrected by the class's
+  learned speed);
+* ``packing``, per group, is how the group holds its SLO (the results the gateway judged
+  over the last minute, ``SloCapacity.outcomes``): from 1, it rises ``PACK_UP`` a tick
+  while under 40% of the SLO's miss budget (1%) is missed, falls ``PACK_DOWN`` a tick while
+  over the budget, never under 1 (``target_utilization`` is the most headroom kept) nor
+  over a replica's whole capacity (``1 / target_utilization``). So the bill follows the
+  router: one that holds the SLO on fuller replicas is given fewer of them. On the matrix's
+  autoscaled cells at a target of 0.8 cost held 99.3-99.7% where round_robin fell to
+  95.1-97.4% on the same replicas (BENCHMARKS.md, issue 23); with one fixed target every
+  router was bought the same fleet;
 * what is paid for anyway is used first: pools without ``autoscale`` at their ready count,
   autoscaled ones at their floor (``min_replicas``);
 * the rest is bought on the autoscaled pools in order of $ per unit of SLO capacity, each
@@ -39,6 +52,11 @@ from fleetgate.config.schema import AutoscaleConfig
 EPS = 1e-9
 TICK_S = 5.0  # how often serve and simulate tick the scaler
 DEMAND_WINDOW_S = 20.0
+MISS_BUDGET = 0.01  # "99% within the SLO"
+PACK_UP, PACK_DOWN = 0.01, 0.05  # a tick's step of a group's packing
+PACK_MIN = 1.0
+MIN_JUDGED = 200.0  # results in the outcome window before the packing moves
+OUTCOME_WINDOW_S = 60.0  # state/slo_capacity.py OUTCOME_TAU_S
 
 
 @dataclass(frozen=True)
@@ -54,6 +72,8 @@ class PoolState:
     starting: int = 0
     draining: int = 0
     autoscale: AutoscaleConfig | None = None
+    outcomes: tuple[float, float] = (0.0, 0.0)  # results judged, missed a second (~60 s)
+    active: float = 0.0  # requests on its replicas now
 
     @property
     def live(self) -> int:
@@ -77,6 +97,7 @@ class Target:
     usd_per_hour_at_desired: float
     load: float  # requests per second sent to the pool's replicas at this tick
     replica_capacity: float  # requests per second one replica runs within the SLO
+    packing: float = 1.0  # its group's: how much fuller than target_utilization
 
 
 def groups(pools: list[PoolState]) -> list[list[PoolState]]:
@@ -141,24 +162,49 @@ class FleetScaler:
 
     demand: dict[frozenset[str], deque[tuple[float, float]]] = field(default_factory=dict)
     history: dict[str, deque[tuple[float, int]]] = field(default_factory=dict)
+    packing: dict[frozenset[str], tuple[float, float]] = field(default_factory=dict)
 
     def tick(self, now: float, pools: list[PoolState], waiting: dict[str, float] | None = None,
              refused: dict[str, float] | None = None) -> dict[str, Target]:
         """Targets for every autoscaled pool. Per public model, counted once for the group
-        that serves it: ``waiting``, requests queued in the gateway (admission), as a rate
-        that serves them within ``DEMAND_WINDOW_S``; ``refused``, requests per second it
-        refused for want of capacity."""
+        that serves it: ``waiting``, requests queued in the gateway (admission), as the rate
+        they would make running; ``refused``, requests per second it refused for want of
+        capacity."""
         out: dict[str, Target] = {}
         for group in groups(pools):
             models = frozenset().union(*(p.models for p in group))
-            now_demand = sum(p.load for p in group) + sum(
-                n for m, n in (waiting or {}).items() if m in models) / DEMAND_WINDOW_S + sum(
+            sent, active = sum(p.load for p in group), sum(p.active for p in group)
+            queued = sum(n for m, n in (waiting or {}).items() if m in models)
+            now_demand = sent + queued * (sent / active if active >= 1 and sent > 0
+                                          else 1.0 / DEMAND_WINDOW_S) + sum(
                 n for m, n in (refused or {}).items() if m in models)
-            want, why = allocate(group, self._smoothed(now, models, now_demand))
+            pack = self._pack(now, models, group)
+            want, why = allocate(group, self._smoothed(now, models, now_demand) / pack)
+            if pack != 1.0:
+                why += f"; replicas filled to {pack:.2f}x the target utilization (the SLO's " \
+                       "misses over the last minute set it)"
             for pool in group:
                 if pool.autoscale is not None:
-                    out[pool.name] = self._settle(now, pool, want[pool.name], why)
+                    out[pool.name] = self._settle(now, pool, want[pool.name], why, pack)
         return out
+
+    def _pack(self, now: float, key: frozenset[str], group: list[PoolState]) -> float:
+        """How much fuller than its target utilization the group's replicas are filled
+        (module docstring): ``PACK_UP`` more each ``TICK_S`` while the group misses under 40%
+        of the SLO's budget, ``PACK_DOWN`` less while it misses over the budget."""
+        judged = sum(p.outcomes[0] for p in group) * OUTCOME_WINDOW_S
+        missed = sum(p.outcomes[1] for p in group) * OUTCOME_WINDOW_S
+        pack, then = self.packing.get(key, (1.0, now))
+        ticks = min(max(now - then, 0.0) / TICK_S, 1.0)
+        targets = [p.autoscale.target_utilization for p in group if p.autoscale]
+        if judged >= MIN_JUDGED:
+            if missed > MISS_BUDGET * judged:
+                pack -= PACK_DOWN * ticks
+            elif missed < 0.4 * MISS_BUDGET * judged:
+                pack += PACK_UP * ticks
+        pack = min(max(pack, PACK_MIN), 1.0 / max(targets) if targets else 1.0)
+        self.packing[key] = (pack, now)
+        return pack
 
     def _smoothed(self, now: float, key: frozenset[str], value: float) -> float:
         seen = self.demand.setdefault(key, deque())
@@ -167,7 +213,8 @@ class FleetScaler:
             seen.popleft()
         return sum(v for _, v in seen) / len(seen)
 
-    def _settle(self, now: float, pool: PoolState, raw: int, why: str) -> Target:
+    def _settle(self, now: float, pool: PoolState, raw: int, why: str,
+                pack: float) -> Target:
         spec = pool.autoscale
         assert spec is not None
         seen = self.history.get(pool.name)
@@ -185,4 +232,4 @@ class FleetScaler:
         desired = min(max(desired, spec.min_replicas), spec.max_replicas)
         billed = pool.ready + pool.starting + pool.draining
         return Target(pool.name, desired, pool.live, why, billed * pool.usd_per_replica_hour,
-                      desired * pool.usd_per_replica_hour, pool.load, pool.capacity)
+                      desired * pool.usd_per_replica_hour, pool.load, pool.capacity, pack)

@@ -112,14 +112,18 @@ def observe(live: LiveFleet, pools: Sequence[ScaledPool], slo: Slo,
     """Each pool as the scaler sees it now (module docstring)."""
     snap = live.snapshot(now)
     rates = live.request_rates(now) + live.column("peer_requests_per_s")
-    health = live.column("health")
+    judged, missed = live.slo_capacity.outcomes(now)
+    active, health = live.column("active"), live.column("health")
     request = _typical_request(live, pools)
     out = []
     for pool in pools:
         idx = np.array(pool.slots, dtype=np.intp)
         load = float(np.sum(rates[idx])) if len(idx) else 0.0
+        held = (float(np.sum(judged[idx])), float(np.sum(missed[idx])))
+        running = float(np.nansum(active[idx])) if len(idx) else 0.0
         if pool.per_token:
-            out.append(PoolState(pool.name, pool.models, 0.0, 0.0, load, 0))
+            out.append(PoolState(pool.name, pool.models, 0.0, 0.0, load, 0, outcomes=held,
+                                 active=running))
             continue
         capacity = _capacity(live, snap, idx, request, slo) if len(idx) else 0.0
         if pool.managed:
@@ -129,7 +133,7 @@ def observe(live: LiveFleet, pools: Sequence[ScaledPool], slo: Slo,
             ready, starting, draining = int(np.count_nonzero(health[idx] == _READY)), 0, 0
         out.append(PoolState(pool.name, pool.models, pool.usd_per_replica_hour,
                              capacity if math.isfinite(capacity) else 0.0, load, ready,
-                             starting, draining, pool.autoscale))
+                             starting, draining, pool.autoscale, held, running))
     return out
 
 

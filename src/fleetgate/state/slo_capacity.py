@@ -74,6 +74,7 @@ UNFIT_FLOOR = 0.015  # a class missing more than this even at light load has no 
 # instead shed 8,274 requests on nvidia-cheap at 60% (40.95% within the SLO), whose H100 and
 # MI355X classes miss over 1.5% at light load under the cost router (BENCHMARKS.md, issue 22)
 MIN_RESULTS = 100  # judged results before a class has a learned capacity
+OUTCOME_TAU_S = 60.0  # the time constant of each endpoint's judged and missed rates
 BIN_MEMORY = 4000.0
 FORGET_S = 120.0
 QUANTILE = 0.99
@@ -203,6 +204,8 @@ class SloCapacity:
         for i, c in enumerate(classes):
             self._members.setdefault(c, []).append(i)
         self.tables: dict[tuple[int, float, float], ClassTable] = {}
+        n = len(classes)  # per endpoint: results judged and missed a second, as of ``_at``
+        self._judged, self._missed, self._at = np.zeros(n), np.zeros(n), np.zeros(n)
 
     def table(self, i: int) -> ClassTable | None:
         """The table endpoint ``i``'s capacity comes from (its class's busiest SLO)."""
@@ -220,6 +223,16 @@ class SloCapacity:
         if table is None:
             table = self.tables[key] = ClassTable.empty()
         table.add(load_bin(active), now, met, ttft_s, tpot_s)
+        fade = math.exp(min(self._at[i] - now, 0.0) / OUTCOME_TAU_S)
+        self._judged[i] = self._judged[i] * fade + 1.0 / OUTCOME_TAU_S
+        self._missed[i] = self._missed[i] * fade + (0.0 if met else 1.0 / OUTCOME_TAU_S)
+        self._at[i] = now
+
+    def outcomes(self, now: float) -> tuple[FloatArray, FloatArray]:
+        """(judged, missed) results per second per endpoint over about ``OUTCOME_TAU_S``:
+        how the fleet holds its SLO now (the fleet scaler's feedback)."""
+        fade = np.exp(np.minimum(self._at - now, 0.0) / OUTCOME_TAU_S)
+        return self._judged * fade, self._missed * fade
 
     def update(self, now: float) -> None:
         """Forget old bins and recompute every class's capacity (the collector's tick)."""
@@ -239,6 +252,7 @@ class SloCapacity:
             if c == old.classes[j]:
                 self.tables.setdefault((self.classes[i], ttft, tpot), table)
         self.limit[i], self.knee[i] = old.limit[j], old.knee[j]
+        self._judged[i], self._missed[i], self._at[i] = old._judged[j], old._missed[j], old._at[j]
 
     def describe(self, i: int) -> dict[str, float | bool | None]:
         """The class's learned capacity and its predictions at that load (admin, tests)."""
