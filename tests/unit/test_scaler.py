@@ -204,15 +204,15 @@ def test_the_packing_follows_how_the_group_holds_its_slo() -> None:
         desired = target.desired
         return target
 
-    assert tick(0, 10.0, 0.0).desired == 8  # 40 req/s at 5 a replica
+    assert tick(0, 600.0, 0.0).desired == 8  # 40 req/s at 5 a replica
     for k in range(1, 200):  # 600 results a minute, none missed
-        held = tick(k, 10.0, 0.0)
+        held = tick(k, 600.0, 0.0)
     assert scaler.packing[frozenset({"m"})][0] == pytest.approx(2.0)  # 1 / target: all of it
     assert held.desired == 4 and held.packing == pytest.approx(2.0)
     assert "filled to 2.00x the target utilization" in held.reason
     for k in range(200, 230):  # 2% missed: back to the target, never below it
-        missed = tick(k, 10.0, 0.2)
+        missed = tick(k, 600.0, 12.0)
     assert scaler.packing[frozenset({"m"})][0] == 1.0 and missed.desired == 8
     few = FleetScaler()
-    few.tick(0.0, [pool("p", 1.0, 10.0, outcomes=(1.0, 0.0))])  # 60 results: too few
+    few.tick(0.0, [pool("p", 1.0, 10.0, outcomes=(60.0, 0.0))])  # 60 results: too few
     assert few.packing[frozenset({"m"})][0] == 1.0

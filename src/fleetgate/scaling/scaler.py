@@ -55,8 +55,7 @@ DEMAND_WINDOW_S = 20.0
 MISS_BUDGET = 0.01  # "99% within the SLO"
 PACK_UP, PACK_DOWN = 0.01, 0.05  # a tick's step of a group's packing
 PACK_MIN = 1.0
-MIN_JUDGED = 200.0  # results in the outcome window before the packing moves
-OUTCOME_WINDOW_S = 60.0  # state/slo_capacity.py OUTCOME_TAU_S
+MIN_JUDGED = 200.0  # results in the last minute before the packing moves
 
 
 @dataclass(frozen=True)
@@ -72,7 +71,7 @@ class PoolState:
     starting: int = 0
     draining: int = 0
     autoscale: AutoscaleConfig | None = None
-    outcomes: tuple[float, float] = (0.0, 0.0)  # results judged, missed a second (~60 s)
+    outcomes: tuple[float, float] = (0.0, 0.0)  # results judged and missed, last minute
     active: float = 0.0  # requests on its replicas now
 
     @property
@@ -192,8 +191,8 @@ class FleetScaler:
         """How much fuller than its target utilization the group's replicas are filled
         (module docstring): ``PACK_UP`` more each ``TICK_S`` while the group misses under 40%
         of the SLO's budget, ``PACK_DOWN`` less while it misses over the budget."""
-        judged = sum(p.outcomes[0] for p in group) * OUTCOME_WINDOW_S
-        missed = sum(p.outcomes[1] for p in group) * OUTCOME_WINDOW_S
+        judged = sum(p.outcomes[0] for p in group)
+        missed = sum(p.outcomes[1] for p in group)
         pack, then = self.packing.get(key, (1.0, now))
         ticks = min(max(now - then, 0.0) / TICK_S, 1.0)
         targets = [p.autoscale.target_utilization for p in group if p.autoscale]

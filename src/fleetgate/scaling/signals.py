@@ -61,6 +61,7 @@ from fleetgate.routing.estimate import (
 from fleetgate.routing.types import HEALTH_CODES, LIVE_ROW, FloatArray, IntArray, Snapshot
 from fleetgate.scaling.scaler import PoolState
 from fleetgate.state.live import LiveFleet
+from fleetgate.state.slo_capacity import OUTCOME_TAU_S
 
 OFF, STARTING, READY, DRAINING = 0, 1, 2, 3
 DEFAULT_PROMPT_TOKENS = 1000  # a request shape before the gateway has seen any
@@ -112,7 +113,7 @@ def observe(live: LiveFleet, pools: Sequence[ScaledPool], slo: Slo,
     """Each pool as the scaler sees it now (module docstring)."""
     snap = live.snapshot(now)
     rates = live.request_rates(now) + live.column("peer_requests_per_s")
-    judged, missed = live.slo_capacity.outcomes(now)
+    judged, missed = (rate * OUTCOME_TAU_S for rate in live.slo_capacity.outcomes(now))
     active, health = live.column("active"), live.column("health")
     request = _typical_request(live, pools)
     out = []
