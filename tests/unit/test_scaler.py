@@ -216,3 +216,9 @@ def test_the_packing_follows_how_the_group_holds_its_slo() -> None:
     few = FleetScaler()
     few.tick(0.0, [pool("p", 1.0, 10.0, outcomes=(60.0, 0.0))])  # 60 results: too few
     assert few.packing[frozenset({"m"})][0] == 1.0
+
+
+def test_the_reason_speaks_of_the_demand_itself_whatever_the_packing() -> None:
+    want, why = allocate([pool("p", 1.0, 10.0, lo=2, target=0.5)], 12.0, pack=2.0)
+    assert want == {"p": 2}  # 10 a replica at twice its target utilization
+    assert why == "demand 12.0 req/s fits the paid-for capacity 20.0"

@@ -109,16 +109,18 @@ def groups(pools: list[PoolState]) -> list[list[PoolState]]:
     return out
 
 
-def allocate(pools: list[PoolState], demand: float) -> tuple[dict[str, int], str]:
-    """Replicas per autoscaled pool of one group to carry ``demand`` (module docstring),
-    and why, in a few words."""
+def allocate(pools: list[PoolState], demand: float,
+             pack: float = 1.0) -> tuple[dict[str, int], str]:
+    """Replicas per autoscaled pool of one group to carry ``demand`` with each replica
+    filled ``pack`` times its target utilization (module docstring), and why, in a few
+    words (the capacities in it are at that fill)."""
     scaled = [p for p in pools if p.autoscale is not None]
     want = {p.name: p.autoscale.min_replicas for p in scaled if p.autoscale}
     paid = sum(p.ready * p.per_replica for p in pools if p.autoscale is None)
     paid += sum(want[p.name] * p.per_replica for p in scaled)
-    rest = demand - paid
+    rest = demand / pack - paid
     if rest <= EPS:
-        return want, f"demand {demand:.1f} req/s fits the paid-for capacity {paid:.1f}"
+        return want, f"demand {demand:.1f} req/s fits the paid-for capacity {paid * pack:.1f}"
     order = sorted(scaled, key=lambda p: (p.usd_per_replica_hour / p.per_replica, p.name))
     for k, pool in enumerate(order):
         spec = pool.autoscale
@@ -139,7 +141,8 @@ def allocate(pools: list[PoolState], demand: float) -> tuple[dict[str, int], str
             rest -= last.per_replica
         break
     if rest > EPS:
-        return want, f"demand {demand:.1f} req/s exceeds every ceiling (short by {rest:.1f})"
+        return want, (f"demand {demand:.1f} req/s exceeds every ceiling "
+                      f"(short by {rest * pack:.1f})")
     return want, f"demand {demand:.1f} req/s: cheapest $ per unit of SLO capacity first"
 
 
@@ -178,7 +181,7 @@ class FleetScaler:
                                           else 1.0 / DEMAND_WINDOW_S) + sum(
                 n for m, n in (refused or {}).items() if m in models)
             pack = self._pack(now, models, group)
-            want, why = allocate(group, self._smoothed(now, models, now_demand) / pack)
+            want, why = allocate(group, self._smoothed(now, models, now_demand), pack)
             if pack != 1.0:
                 why += f"; replicas filled to {pack:.2f}x the target utilization (the SLO's " \
                        "misses over the last minute set it)"
