@@ -39,6 +39,7 @@ from fleetgate.gateway.proxy.request import ProxyRequest
 from fleetgate.gateway.proxy.service import Generation, ProxyService
 from fleetgate.routing import Endpoint, RoutingRequest, build_router
 from fleetgate.state.collector import CAPACITY_REFRESH_S, CAPACITY_RETRY_S, Collector
+from fleetgate.state.describe import describe
 from fleetgate.state.fleet import Fleet, prior_of
 from fleetgate.state.live import LiveFleet
 from fleetgate.state.prior import MIN_KV_TOKENS, UNKNOWN_CONTEXT, endpoint_prior
@@ -158,7 +159,7 @@ def test_on_capacity_changes_what_the_router_predicts() -> None:
     assert before.col("max_model_len")[i] == 8192 and after.col("max_model_len")[i] == 4096
     assert live.column("kv_capacity_tokens")[i] == 60000
     assert not after.static.flags.writeable
-    assert live.describe(i, 1)["max_model_len"] == 4096
+    assert describe(live, i, 1)["max_model_len"] == 4096
 
 
 def test_none_and_nonsense_keep_the_prior() -> None:

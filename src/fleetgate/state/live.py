@@ -10,18 +10,14 @@ What it keeps, per endpoint:
   (scrapes are seconds stale; our own dispatches are not).
 - ``running``, ``kv_usage``: last scrape. Unknown (NaN) when the engine exports no metrics or
   the scrape is stale, never 0.
-- ``prefill_tokens_per_s``: prompt tokens this gateway sent the endpoint per second, as an
-  exponentially decaying count (time constant ``PREFILL_TAU_S``): how much of the engine's
-  time prompts take from the decodes (``routing/estimate.py``); ``recent_prefill_tokens_per_s``
-  the same over about a second (``RECENT_PREFILL_TAU_S``: the router's prefill share bound),
-  both brought up to date at ``prefill_at`` (the router decays the recent one to its own
-  instant); ``requests_per_s``, the requests this gateway sent it per second over the same
-  ~10 s (brought up to date at ``prefill_at`` too), and ``peer_requests_per_s``, the other
-  gateway replicas' (``sync.py``): the arrival rate the scaler counts as demand
-  (``fleetgate.scaling``); ``prompt_tokens_mean`` and
-  ``output_tokens_mean``, the workload's request shape: EWMAs over every prompt sent and
-  every answer finished, and ``output_tokens_p2``, the 2nd percentile of answers (one value
-  each for the whole fleet).
+- ``prefill_tokens_per_s``, ``recent_prefill_tokens_per_s``, ``requests_per_s``: prompt
+  tokens and requests this gateway sent the endpoint per second, as exponentially decaying
+  counts over ~10 s (``PREFILL_TAU_S``) and ~1 s (``RECENT_PREFILL_TAU_S``), up to date at
+  ``prefill_at``: the prompts' share of the engine's time (``routing/estimate.py``, the
+  router's prefill share bound) and, with the peers' ``peer_requests_per_s``
+  (``sync.py``), the scaler's demand (``fleetgate.scaling``); ``prompt_tokens_mean``,
+  ``output_tokens_mean`` and ``output_tokens_p2`` (the 2nd percentile of answers): the
+  workload's request shape, one value each for the whole fleet.
 - EWMAs (alpha 0.2) of TTFT, TPOT (time per output token after the first), end-to-end
   latency, error rate, and the engine's output tokens/s (from counter deltas between
   scrapes); a window of the last 256 TTFT/TPOT samples for percentiles.
@@ -63,7 +59,6 @@ from fleetgate.routing.types import (
     Endpoint,
     FloatArray,
     Snapshot,
-    finite_or_none,
 )
 from fleetgate.state.adapters import AdapterTable
 from fleetgate.state.breaker import CircuitBreaker, HealthTracker
@@ -85,8 +80,6 @@ _PREFILL_RATE, _RECENT_RATE, _PREFILL_AT, _REQUEST_RATE = (
     _ROW[name] for name in ("prefill_tokens_per_s", "recent_prefill_tokens_per_s", "prefill_at",
                             "requests_per_s"))
 _NOT_READY, _PENDING = HEALTH_CODES["not_ready"], HEALTH_CODES["pending"]
-_NOT_DESCRIBED = ("health", "block_until", "last_contact", "usable_from", "stale_at",
-                  "prefill_at")
 # What a new generation takes over from the old one for an endpoint at the same URL: what
 # the engine is doing and how it has behaved. The corrections of the prior only carry over
 # when the prior is the same (same GPU, model, TP, speed).
@@ -171,6 +164,9 @@ class LiveFleet:
 
     def value(self, i: int, name: str) -> float:
         return float(self._live[_ROW[name], i])
+
+    def static_value(self, i: int, name: str) -> float:
+        return float(self._static[STATIC_ROW[name], i])
 
     def request_rates(self, now: float) -> FloatArray:
         """Requests per second this gateway sent each endpoint (``requests_per_s``), decayed
@@ -489,23 +485,6 @@ class LiveFleet:
         old = float(self._live[row, i])
         self._live[row, i] = value if old != old else old + ALPHA * (value - old)
 
-    def describe(self, i: int, now: float) -> dict[str, Any]:
-        """Everything known about one endpoint, for /admin/endpoints."""
-        st = self.stats[i]
-        row: dict[str, Any] = {name: _num(self._live[_ROW[name], i]) for name in LIVE_COLUMNS
-                               if name not in _NOT_DESCRIBED}
-        row.update({name: _num(self._static[r, i]) for r, name in enumerate(STATIC_COLUMNS)})
-        row.update({
-            "health": st.health.state, "health_detail": st.health.detail,
-            "parked": bool(self.parked[i]),
-            "breaker": st.breaker.state, "consecutive_failures": st.breaker.consecutive_failures,
-            "scrape_age_s": _num(now - st.last_scrape_at), "requests": st.requests,
-            "failures": st.failures, "output_tokens": st.output_tokens, "e2e_s": _num(st.e2e_s),
-            "ttft_p50_s": _pct(st.ttft_window, 50), "ttft_p95_s": _pct(st.ttft_window, 95),
-            "tpot_p50_s": _pct(st.tpot_window, 50), "tpot_p95_s": _pct(st.tpot_window, 95),
-        })
-        return row
-
 
 def _endpoint_columns(endpoints: Sequence[Endpoint]) -> dict[str, list[float]]:
     """The static columns an endpoint's description gives (its price), not its prior."""
@@ -519,11 +498,3 @@ def _endpoint_columns(endpoints: Sequence[Endpoint]) -> dict[str, list[float]]:
                                  for h in hosted],
         "hosted_ttft_s": [0.0 if h is None else h.ttft_s for h in hosted],
     }
-
-
-def _num(value: float) -> float | None:
-    return finite_or_none(float(value))
-
-
-def _pct(window: deque[float], q: float) -> float | None:
-    return _num(float(np.percentile(window, q))) if window else None

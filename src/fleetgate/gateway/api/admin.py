@@ -50,6 +50,7 @@ from fleetgate.gateway.costs import LedgerSnapshot
 from fleetgate.gateway.errors import envelope
 from fleetgate.gateway.state import AppState
 from fleetgate.gateway.telemetry.routes import telemetry_of
+from fleetgate.state.describe import describe
 from fleetgate.state.fleet import prior_of
 
 log = logging.getLogger("fleetgate")
@@ -73,7 +74,7 @@ def endpoint_rows(state: AppState, indices: range | list[int]) -> list[dict[str,
             "runtime": ep.runtime, "gpus_per_replica": ep.gpus_per_replica,
             "price_per_gpu_hour": ep.price_per_gpu_hour, "models": dict(ep.models),
         }
-        row.update(fleet.live.describe(i, now))
+        row.update(describe(fleet.live, i, now))
         reported = fleet.collector.capacity.get(ep.id) if fleet.collector else None
         row["reported_capacity"] = reported.as_dict() if reported is not None else None
         row["scraped_by"] = shard.source[i] if shard is not None else None
