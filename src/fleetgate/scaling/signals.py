@@ -65,6 +65,8 @@ from fleetgate.state.slo_capacity import OUTCOME_TAU_S
 
 OFF, STARTING, READY, DRAINING = 0, 1, 2, 3
 DEFAULT_PROMPT_TOKENS = 1000  # a request shape before the gateway has seen any
+STEADY_PREFILL_SHARE = 0.5  # of a replica's time on prompts, at a steady rate
+MAX_STEADY_SHARE = 0.95  # without a TPOT SLO: prompts may take nearly all of it
 _READY = HEALTH_CODES["ready"]
 
 
@@ -119,9 +121,9 @@ def observe(live: LiveFleet, pools: Sequence[ScaledPool], slo: Slo,
     out = []
     for pool in pools:
         idx = np.array(pool.slots, dtype=np.intp)
-        load = float(np.sum(rates[idx])) if len(idx) else 0.0
+        load = float(np.sum(rates[idx]))
         held = (float(np.sum(judged[idx])), float(np.sum(missed[idx])))
-        running = float(np.nansum(active[idx])) if len(idx) else 0.0
+        running = float(np.nansum(active[idx]))
         if pool.per_token:
             out.append(PoolState(pool.name, pool.models, 0.0, 0.0, load, 0, outcomes=held,
                                  active=running))
@@ -151,9 +153,6 @@ def changes(pool: ScaledPool, desired: int, live: LiveFleet) -> tuple[list[int],
         order = starting[::-1] + sorted(ready, key=lambda i: (active[i], -i))
         return [], order[:have - desired]
     return [], []
-
-STEADY_PREFILL_SHARE = 0.5  # of a replica's time on prompts, at a steady rate
-MAX_STEADY_SHARE = 0.95  # without a TPOT SLO: prompts may take nearly all of it
 
 
 def _capacity(live: LiveFleet, snap: Snapshot, idx: IntArray, request: RoutingRequest,
