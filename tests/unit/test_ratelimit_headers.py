@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from fleetgate.config.schema import KeyLimits
+from fleetgate.config.auth import KeyLimits
 from fleetgate.gateway.auth import Principal
 from fleetgate.gateway.errors import RateLimited
 from fleetgate.gateway.limits import LimitEnforcer, openai_duration

@@ -18,7 +18,7 @@ import pytest
 from fleetgate.backends.fake import Answer, FakeBackend, Refuse
 from fleetgate.backends.relay import Timeouts
 from fleetgate.config import FleetConfig
-from fleetgate.config.schema import KeyLimits
+from fleetgate.config.auth import KeyLimits
 from fleetgate.gateway.auth import Principal
 from fleetgate.gateway.decisions import DecisionLog
 from fleetgate.gateway.errors import GatewayError, RateLimited

@@ -1,4 +1,5 @@
-"""The fleet configuration schema: pools, policies, routes, auth (DESIGN.md §1).
+"""The fleet configuration schema: pools, policies, routes (DESIGN.md §1); auth is in
+``auth.py``.
 
 Every model forbids unknown keys, so a typo fails loudly with its YAML path instead of being
 ignored. Values that matter have no silent defaults. Vendor and runtime follow from the
@@ -14,12 +15,10 @@ May touch: pydantic, the catalog. Must not import any other fleetgate package.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     ValidationInfo,
     field_validator,
@@ -28,15 +27,13 @@ from pydantic import (
 
 from fleetgate.catalog.engines import API_NAMES, ENGINES
 from fleetgate.catalog.gpus import ACCELERATORS
+from fleetgate.config.auth import AuthConfig
+from fleetgate.config.strict import Strict as _Strict
 
 EMULATED_ENGINES = tuple(name for name, spec in ENGINES.items() if spec.emulated)
 EMULATED_QUERY_KEYS = {"profile", "speed", "stack", "tp", "max_queued_requests"}
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 def _check_name(value: str) -> str:
@@ -396,41 +393,6 @@ class RouteConfig(_Strict):
     # it before the first byte, no capacity within the SLO, or its context is too small):
     # gateway/proxy/fallback.py; a fallback's own route's fallbacks follow its list
     fallbacks: list[str] = Field(default_factory=list)
-
-
-class KeyLimits(_Strict):
-    rpm: int | None = Field(default=None, ge=1)
-    tpm: int | None = Field(default=None, ge=1)
-    concurrency: int | None = Field(default=None, ge=1)
-    usd_per_day: float | None = Field(default=None, gt=0)
-    usd_per_month: float | None = Field(default=None, gt=0)
-
-
-class ApiKeyConfig(_Strict):
-    name: str
-    key: str | None = None
-    key_sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
-    tenant: str
-    models: list[str] | None = None
-    policies: list[str] | None = None
-    limits: KeyLimits = Field(default_factory=KeyLimits)
-    # the key's class when the fleet is full (x-priority may only lower it) and its
-    # tenant's share of the waiting line (weighted fair queuing)
-    priority: Literal["high", "normal", "low"] = "normal"
-    weight: float = Field(default=1.0, gt=0)
-
-    @model_validator(mode="after")
-    def _one_key(self) -> ApiKeyConfig:
-        if (self.key is None) == (self.key_sha256 is None):
-            raise ValueError("exactly one of 'key' or 'key_sha256' is required")
-        if self.key is not None and len(self.key) < 16:
-            raise ValueError("'key' must be at least 16 characters")
-        return self
-
-
-class AuthConfig(_Strict):
-    admin_keys: list[str] = Field(default_factory=list)
-    keys: list[ApiKeyConfig] = Field(default_factory=list)
 
 
 class FleetConfig(_Strict):

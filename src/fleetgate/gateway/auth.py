@@ -20,7 +20,7 @@ import hmac
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from fleetgate.config.schema import AuthConfig, KeyLimits
+from fleetgate.config.auth import AuthConfig, KeyLimits
 from fleetgate.gateway.errors import Forbidden, Unauthorized
 from fleetgate.state.admission import PRIORITIES, priority_of
 

@@ -68,7 +68,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetgate.catalog.pricing import charge_usd
-from fleetgate.config.schema import KeyLimits
+from fleetgate.config.auth import KeyLimits
 from fleetgate.gateway.auth import Principal
 from fleetgate.gateway.errors import RateLimited
 from fleetgate.gateway.proxy.observer import (
