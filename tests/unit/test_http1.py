@@ -19,6 +19,7 @@ import pytest
 
 from fleetgate.backends import http1
 from fleetgate.backends.http1 import DECODED_PIECE, HIGH_WATER, Http1Backend
+from fleetgate.backends.http1_wire import parse
 from fleetgate.backends.relay import Timeouts, UpstreamError
 
 FAST = Timeouts(connect=2.0, read=2.0, total=10.0)
@@ -299,11 +300,11 @@ async def test_engines_that_went_away_leave_nothing_in_the_pool(serve: Serve) ->
             writer.close()
     for _ in range(100):
         await asyncio.sleep(0.01)
-        if all(c.closed for srv in gone for c in client._idle[http1._parse(srv.url)[0]]):
+        if all(c.closed for srv in gone for c in client._idle[parse(srv.url)[0]]):
             break
     for _ in range(http1.SWEEP_EVERY - 4):  # connections given back to the host that stays
         await (await client.post(stays.url, b"{}", {}, FAST)).read()
-    assert list(client._idle) == [http1._parse(stays.url)[0]]
+    assert list(client._idle) == [parse(stays.url)[0]]
     assert stays.connections == 1
     await client.close()
 

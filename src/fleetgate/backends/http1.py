@@ -19,7 +19,7 @@ to the same engine when the answer was read to its end.
   timer per request, re-armed for whichever comes first.
 - **Hosts come and go** (pods of an autoscaled pool): every ``SWEEP_EVERY`` connections
   given back, the pool closes what went stale and forgets hosts left with no idle
-  connection; the per-URL and per-host caches stop growing at ``CACHE_LIMIT``.
+  connection; the per-URL and per-host caches stop growing (``http1_wire.CACHE_LIMIT``).
 - **Flow control**: reading from the engine pauses while more than ``HIGH_WATER`` bytes wait
   for the client, so a slow client slows the engine's socket, not the gateway's memory.
 - **Close**: ``close()`` on an answer not read to its end closes the connection, so the
@@ -50,27 +50,27 @@ import zlib
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
 import httptools
 
+from fleetgate.backends.http1_wire import Key, head, header_lines, lines, parse
 from fleetgate.backends.relay import Timeouts, UpstreamError, UpstreamResponse
 
 HIGH_WATER = 256 * 1024  # bytes waiting for the client before the engine's socket pauses
 DECODED_PIECE = 1024 * 1024  # at most this much decompressed out of one piece at a time
 MAX_ANSWER_BYTES = 128 * 1024 * 1024  # a whole (non-streamed) answer, decoded
 _DECODABLE = frozenset({b"gzip", b"x-gzip", b"deflate"})
-_Key = tuple[str, str, int]
 T = TypeVar("T")
 
 
 READ_BUFFER = 256 * 1024
+SWEEP_EVERY = 1024  # connections given back between two sweeps of the idle pool
 
 
 class _Connection(asyncio.BufferedProtocol):
     """One keep-alive connection to an engine; parses one answer at a time."""
 
-    def __init__(self, key: _Key, loop: asyncio.AbstractEventLoop,
+    def __init__(self, key: Key, loop: asyncio.AbstractEventLoop,
                  read_buffer: memoryview) -> None:
         self.key = key
         self.read_buffer = read_buffer  # shared by the backend's connections (``get_buffer``)
@@ -402,25 +402,24 @@ class Http1Backend:
     """The production relay client (module doc). Create inside a running event loop."""
 
     def __init__(self, max_idle_per_host: int = 256, keepalive_s: float = 30.0) -> None:
-        self._idle: dict[_Key, list[_Connection]] = {}
+        self._idle: dict[Key, list[_Connection]] = {}
         self._max_idle = max_idle_per_host
         self._keepalive_s = keepalive_s
-        self._heads: dict[tuple[_Key, str, str], bytes] = {}
         self._tls: ssl.SSLContext | None = None
         self._releases = 0
         self._read = memoryview(bytearray(READ_BUFFER))  # the connections' (get_buffer)
 
     async def post(self, url: str, body: bytes, headers: Mapping[str, str],
                    timeouts: Timeouts) -> UpstreamResponse:
-        key, path = _parse(url)
-        request = self._head(key, "POST", path) + _header_lines(headers, len(body)) + body
+        key, path = parse(url)
+        request = head(key, "POST", path) + header_lines(headers, len(body)) + body
         return await self._exchange(key, request, timeouts)
 
     async def get(self, url: str, headers: Mapping[str, str] | None,
                   timeouts: Timeouts) -> UpstreamResponse:
         """A GET (the control plane: probes, scrapes, capacity reads, adapter listings)."""
-        key, path = _parse(url)
-        request = self._head(key, "GET", path) + _lines(headers)
+        key, path = parse(url)
+        request = head(key, "GET", path) + lines(headers)
         return await self._exchange(key, request, timeouts)
 
     async def get_pair(self, first_url: str, first_headers: Mapping[str, str] | None,
@@ -434,12 +433,12 @@ class Http1Backend:
         back only after a 200 (else None: dropped with the connection): its response to
         read, or its failure. An engine that closed the connection before any of the
         second answer (``connection: close`` on the first) is asked again on a new one."""
-        key, path = _parse(first_url)
-        key2, path2 = _parse(url)
+        key, path = parse(first_url)
+        key2, path2 = parse(url)
         if key2 != key:
             raise ValueError("get_pair asks one engine")
-        request = (self._head(key, "GET", path) + _lines(first_headers)
-                   + self._head(key, "GET", path2) + _lines(headers))
+        request = (head(key, "GET", path) + lines(first_headers)
+                   + head(key, "GET", path2) + lines(headers))
         conn, status = await self._sent(
             key, timeouts, lambda c: c.start_pair(request, timeouts.read, timeouts.total))
         assert conn.headers_done is not None
@@ -463,12 +462,12 @@ class Http1Backend:
             raise
         return status, _Response(self, conn)
 
-    async def _exchange(self, key: _Key, request: bytes, timeouts: Timeouts) -> UpstreamResponse:
+    async def _exchange(self, key: Key, request: bytes, timeouts: Timeouts) -> UpstreamResponse:
         conn, _ = await self._sent(
             key, timeouts, lambda c: c.start(request, timeouts.read, timeouts.total))
         return _Response(self, conn)
 
-    async def _sent(self, key: _Key, timeouts: Timeouts,
+    async def _sent(self, key: Key, timeouts: Timeouts,
                     send: Callable[[_Connection], Awaitable[T]]) -> tuple[_Connection, T]:
         """``send`` on an idle connection to ``key``, or on a new one when there is none or
         the engine had closed the idle one before it saw the request; the connection and
@@ -527,7 +526,7 @@ class Http1Backend:
                 conn.close()
         self._idle.clear()
 
-    def _idle_connection(self, key: _Key) -> _Connection | None:
+    def _idle_connection(self, key: Key) -> _Connection | None:
         idle = self._idle.get(key)
         if idle is None:
             return None
@@ -543,7 +542,7 @@ class Http1Backend:
             del self._idle[key]
         return found
 
-    async def _connect(self, key: _Key, connect_s: float) -> _Connection:
+    async def _connect(self, key: Key, connect_s: float) -> _Connection:
         scheme, host, port = key
         loop = asyncio.get_running_loop()
         if scheme == "https" and self._tls is None:
@@ -560,28 +559,6 @@ class Http1Backend:
         conn.transport = transport  # uvloop may call connection_made after returning
         return conn
 
-    def _head(self, key: _Key, method: str, path: str) -> bytes:
-        """The request line and Host header, built once per engine, method and path."""
-        head = self._heads.get((key, method, path))
-        if head is None:
-            scheme, host, port = key
-            default = 443 if scheme == "https" else 80
-            authority = host if port == default else f"{host}:{port}"
-            if ":" in host and not host.startswith("["):
-                authority = f"[{host}]" if port == default else f"[{host}]:{port}"
-            head = (f"{method} {path} HTTP/1.1\r\nhost: {authority}\r\n"
-                    "accept-encoding: identity\r\n").encode("latin-1")
-            if len(self._heads) < CACHE_LIMIT:
-                self._heads[(key, method, path)] = head
-        return head
-
-
-def _lines(headers: Mapping[str, str] | None) -> bytes:
-    """A GET's header lines and the blank line that ends its head."""
-    lines = "".join(f"{name}: {value}\r\n" for name, value in headers.items()) \
-        if headers else ""
-    return f"{lines}\r\n".encode("latin-1")
-
 
 def _drop(future: asyncio.Future[None]) -> None:
     """A future no one will await: its exception, if any, marked as seen."""
@@ -590,27 +567,3 @@ def _drop(future: asyncio.Future[None]) -> None:
             future.exception()
     else:
         future.cancel()
-
-
-def _header_lines(headers: Mapping[str, str], length: int) -> bytes:
-    lines = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
-    return f"{lines}content-length: {length}\r\n\r\n".encode("latin-1")
-
-
-CACHE_LIMIT = 4096  # parsed URLs, and request heads, kept (then built each time)
-SWEEP_EVERY = 1024  # connections given back between two sweeps of the idle pool
-_PARSED: dict[str, tuple[_Key, str]] = {}
-
-
-def _parse(url: str) -> tuple[_Key, str]:
-    found = _PARSED.get(url)
-    if found is None:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise UpstreamError("connect", f"not an http(s) URL: {url!r}")
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        found = (parts.scheme, parts.hostname, port), path
-        if len(_PARSED) < CACHE_LIMIT:
-            _PARSED[url] = found
-    return found
