@@ -220,6 +220,20 @@ async def test_defect_8_slow_headers_and_unfinished_bodies_get_a_408(tmp_path: P
         assert orjson.loads(body)["error"]["type"] == "invalid_request_error"
 
 
+async def test_a_body_that_arrived_with_its_head_is_still_capped(tmp_path: Path) -> None:
+    """A body uvicorn read whole before the handler ran is taken without a wait: its size
+    cap holds there too, also without a content-length (chunked, in one write)."""
+    async with inproc_gateway(NO_ENGINE, tmp_path, max_body_bytes=2048) as (url, _):
+        for size, status in ((4000, b"413"), (1000, b"404")):
+            body = orjson.dumps({"model": "nobody-serves-this", "messages": [
+                {"role": "user", "content": "x" * size}]})
+            head = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nconnection: close\r\n"
+                    b"content-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n")
+            chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+            answer = await _raw(url, head + chunked)
+            assert answer.startswith(b"HTTP/1.1 " + status), answer[:200]
+
+
 # -- 14: a shutdown deadline for streams ----------------------------------------------------
 async def test_defect_14_shutdown_ends_long_streams_with_an_error_and_done(
         tmp_path: Path) -> None:

@@ -67,6 +67,15 @@ def test_defect_4_json_at_the_depth_limit_is_accepted() -> None:
     assert decode_json(raw)["x"] is not None
 
 
+def test_defect_4_shallow_bodies_with_many_brackets_are_accepted() -> None:
+    """Counting brackets only decides whether to walk the body: brackets inside strings,
+    or many containers side by side, are no depth."""
+    in_text = b'{"model":"m","messages":[{"role":"user","content":"' + b"[{" * 500 + b'"}]}'
+    assert decode_json(in_text)["model"] == "m"
+    wide = b'{"model":"m","x":[' + b",".join([b'{"a":[1]}'] * 300) + b"]}"
+    assert len(decode_json(wide)["x"]) == 300
+
+
 @pytest.mark.parametrize(("given", "kept"), [
     ("abc-123_DEF.x:y", True),
     ("a" * 128, True),
