@@ -7,7 +7,9 @@ request's log line must all agree.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import io
 import math
 
 import orjson
@@ -19,7 +21,7 @@ from fleetgate.gateway.costs import CostLedger, LedgerSnapshot, attempt_charge
 from fleetgate.gateway.proxy.apis import APIS
 from fleetgate.gateway.proxy.observer import AttemptResult
 from fleetgate.gateway.proxy.request import ProxyRequest
-from fleetgate.gateway.telemetry.logs import RequestLog
+from fleetgate.gateway.telemetry.logs import FLUSH_S, RequestLog, StreamSink
 from fleetgate.gateway.telemetry.metrics import GatewayMetrics
 from fleetgate.gateway.telemetry.recorder import TelemetryObserver
 from fleetgate.routing import Decision, Endpoint, RoutingRequest
@@ -82,7 +84,8 @@ class Harness:
         self.lines: list[bytes] = []
         self.in_flight: dict[str, float] = {}
         self.observer = TelemetryObserver(
-            GatewayMetrics(self.registry), self.ledger, RequestLog(self.lines.append), None,
+            GatewayMetrics(self.registry, buffered=True), self.ledger,
+            RequestLog(self.lines.append), None,
             lambda ep_id: self.in_flight.get(ep_id, 0.0), clock=self.clock)
 
     def sample(self, name: str, **labels: str) -> float:
@@ -213,6 +216,47 @@ def test_request_log_can_be_off() -> None:
     req = request_of(h.observer, "r4", "/v1/chat/completions", RoutingRequest(MODEL), None, {})
     req.end(200)
     assert h.lines == []
+
+
+class _Bytes:
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+    def flush(self) -> None:
+        pass
+
+
+class _Stream(io.StringIO):
+    """A text stream over bytes that keeps each write."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bytes = _Bytes()
+
+    @property
+    def buffer(self) -> _Bytes:  # type: ignore[override]
+        return self.bytes
+
+    @property
+    def writes(self) -> list[bytes]:
+        return self.bytes.writes
+
+
+async def test_request_log_lines_go_out_together_and_at_close() -> None:
+    stream = _Stream()
+    sink = StreamSink(stream)
+    sink(b"a\n")
+    sink(b"b\n")
+    assert stream.writes == []  # waiting for the others that come soon
+    await asyncio.sleep(FLUSH_S * 2)
+    assert stream.writes == [b"a\nb\n"]  # one write for both
+    sink(b"c\n")
+    sink.close()  # the app stops: no wait, and none after
+    sink(b"d\n")
+    assert stream.writes == [b"a\nb\n", b"c\n", b"d\n"]
 
 
 def test_a_fleet_report_adds_the_other_replicas_snapshots() -> None:

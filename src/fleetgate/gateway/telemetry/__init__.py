@@ -46,7 +46,9 @@ class Telemetry:
     tracing: Tracing | None
 
     async def close(self) -> None:
-        """Flush and stop the span exporters (they block, so off the event loop)."""
+        """Write the waiting request log lines; flush and stop the span exporters (they
+        block, so off the event loop)."""
+        self.observer.log.close()
         if self.tracing is not None:
             await asyncio.to_thread(self.tracing.shutdown)
 

@@ -10,9 +10,10 @@ them) are never written: the status says what happened, the trace says why.
 Where it goes is a process knob, ``FLEETGATE_REQUEST_LOG`` = ``stderr`` (default) |
 ``stdout`` | ``off``; the lines are also off when ``FLEETGATE_LOG_LEVEL`` is above
 ``info``. The lines are written straight to the stream as bare JSON (no logging prefix),
-so a log shipper can parse them as they are; ``sink`` can be swapped (tests do). The lines
-of requests that finish in one turn of the event loop go out in one write at its end (one
-system call for many requests under load, none of them held longer than that turn).
+so a log shipper can parse them as they are; ``sink`` can be swapped (tests do). Lines go
+out together, in one write ``FLUSH_S`` after the first of them (one system call for many
+requests at any load; a write per request was ~4% of a plain request's CPU at low load),
+and at once when the app stops (``close``).
 
 May touch: orjson, the given stream. Must not touch: the logging module's global config,
 telemetry libraries, anything of the request but the fields above.
@@ -29,11 +30,13 @@ from typing import Any, TextIO
 import orjson
 
 Sink = Callable[[bytes], None]
+FLUSH_S = 0.05  # the longest a line waits for its write
 
 
 class RequestLog:
-    def __init__(self, sink: Sink | None) -> None:
+    def __init__(self, sink: Sink | None, close: Callable[[], None] = lambda: None) -> None:
         self.sink = sink
+        self.close = close  # writes what waits (the app stops)
 
     @property
     def enabled(self) -> bool:
@@ -44,30 +47,44 @@ class RequestLog:
             self.sink(orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE))
 
 
-def stream_sink(stream: TextIO) -> Sink:
-    pending: list[bytes] = []
-    out = getattr(stream, "buffer", None)  # the bytes under a text stream, when it has one
+class StreamSink:
+    """Lines to ``stream``, written together (module doc); without an event loop, or once
+    closed, at once."""
 
-    def flush() -> None:
-        data = b"".join(pending)
-        pending.clear()
-        if out is not None:
-            stream.flush()  # whatever text went before stays in order
-            out.write(data)
-            out.flush()
-        else:
-            stream.write(data.decode())
-            stream.flush()
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self._out = getattr(stream, "buffer", None)  # the bytes under a text stream
+        self._pending: list[bytes] = []
+        self._closed = False
 
-    def write(line: bytes) -> None:
-        pending.append(line)
-        if len(pending) == 1:
+    def __call__(self, line: bytes) -> None:
+        self._pending.append(line)
+        if len(self._pending) > 1:
+            return  # a write is already due
+        if not self._closed:
             try:
-                asyncio.get_running_loop().call_soon(flush)
-            except RuntimeError:  # no event loop here: at once
-                flush()
+                asyncio.get_running_loop().call_later(FLUSH_S, self.flush)
+                return
+            except RuntimeError:  # no event loop here
+                pass
+        self.flush()
 
-    return write
+    def flush(self) -> None:
+        if not self._pending:
+            return
+        data = b"".join(self._pending)
+        self._pending.clear()
+        if self._out is not None:
+            self._stream.flush()  # whatever text went before stays in order
+            self._out.write(data)
+            self._out.flush()
+        else:
+            self._stream.write(data.decode())
+            self._stream.flush()
+
+    def close(self) -> None:
+        self._closed = True
+        self.flush()
 
 
 def request_log(where: str, log_level: str) -> RequestLog:
@@ -75,4 +92,5 @@ def request_log(where: str, log_level: str) -> RequestLog:
     level = logging.getLevelName(log_level.upper())
     if where == "off" or (isinstance(level, int) and level > logging.INFO):
         return RequestLog(None)
-    return RequestLog(stream_sink(sys.stdout if where == "stdout" else sys.stderr))
+    sink = StreamSink(sys.stdout if where == "stdout" else sys.stderr)
+    return RequestLog(sink, sink.close)

@@ -5,16 +5,20 @@ Two kinds of series:
 * **Pushed per request** (``GatewayMetrics``): requests, attempts, retries, decisions,
   TTFT / TPOT / end-to-end histograms per pool, tokens and cost. Labelled children are
   resolved once per label set and cached in plain dicts (``prometheus_client``'s
-  ``labels()`` takes a lock and builds a key on every call), so the request path pays a
-  dict lookup and an ``inc``/``observe`` per series.
+  ``labels()`` takes a lock and builds a key on every call). In one process, each child's
+  increments are added up in a plain buffer (``_Buffered``, ``_BufferedHistogram``) and
+  handed to the child when the registry is read (``_Flush``, collected first): a request
+  pays an attribute add per series instead of ``prometheus_client``'s locked call chain
+  (~8% of a plain request's CPU), and every scrape still sees every request.
 * **Read at scrape time** (``FleetCollector``): per-endpoint queue depth, running, in-flight,
   KV usage, readiness, breaker state, measured tokens/s, $/Mtok, price, and the collector's
   scrape errors, all read from the live fleet of the current generation when Prometheus
   scrapes, never pushed per request.
 
 Under ``serve --workers N`` (``PROMETHEUS_MULTIPROC_DIR`` set by the supervisor) the pushed
-series live in prometheus_client's per-process files and a scrape of any worker sums every
-worker's (``MultiProcessCollector``); the scrape-time gauges are the answering worker's view,
+series live in prometheus_client's per-process files, written at once (no buffer: another
+worker's scrape reads them), and a scrape of any worker sums every worker's
+(``MultiProcessCollector``); the scrape-time gauges are the answering worker's view,
 whose in-flight count adds the other workers' (the shares they exchange, ``state/sync.py``).
 
 May touch: prometheus_client, the live fleet state (read only). Must not touch: HTTP, the
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import math
 import os
+from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -40,28 +45,99 @@ TPOT_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3
 E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 
 
-def _cached(metric: Any) -> Callable[..., Any]:
-    """``labels(*values)`` with the child cached per label tuple."""
+class _Buffered:
+    """A counter child's increments, held until the registry is read."""
+
+    __slots__ = ("child", "pending")
+
+    def __init__(self, child: Any) -> None:
+        self.child, self.pending = child, 0.0
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.pending += amount
+
+    def flush(self) -> None:
+        if self.pending:
+            self.child.inc(self.pending)
+            self.pending = 0.0
+
+
+class _BufferedHistogram:
+    """A histogram child's observations as per-bucket counts and a sum, held until the
+    registry is read (then added to the child's own bucket and sum values)."""
+
+    __slots__ = ("bounds", "child", "counts", "sum")
+
+    def __init__(self, child: Any) -> None:
+        self.child, self.bounds = child, child._upper_bounds  # ends with +Inf
+        self.counts, self.sum = [0] * len(self.bounds), 0.0
+
+    def observe(self, amount: float) -> None:
+        self.counts[bisect_left(self.bounds, amount)] += 1  # the first bound >= amount
+        self.sum += amount
+
+    def flush(self) -> None:
+        if any(self.counts):
+            self.child._sum.inc(self.sum)
+            for bucket, count in zip(self.child._buckets, self.counts, strict=True):
+                if count:
+                    bucket.inc(count)
+            self.counts, self.sum = [0] * len(self.bounds), 0.0
+
+
+class _Flush:
+    """Registered first: hands every buffer to its child before the registry is read."""
+
+    def __init__(self) -> None:
+        self.buffers: list[_Buffered | _BufferedHistogram] = []
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        for buffer in self.buffers:
+            buffer.flush()
+        return iter(())
+
+    def hold(self, child: Any, histogram: bool) -> _Buffered | _BufferedHistogram:
+        buffer = _BufferedHistogram(child) if histogram else _Buffered(child)
+        self.buffers.append(buffer)
+        return buffer
+
+
+def _cached(metric: Any, flush: _Flush | None = None) -> Callable[..., Any]:
+    """``labels(*values)`` with the child cached per label tuple; buffered with ``flush``."""
     children: dict[tuple[str, ...], Any] = {}
+    histogram = isinstance(metric, Histogram)
 
     def child(*values: str) -> Any:
         found = children.get(values)
         if found is None:
-            found = children[values] = metric.labels(*values)
+            found = metric.labels(*values)
+            if flush is not None:
+                found = flush.hold(found, histogram)
+            children[values] = found
         return found
 
     return child
 
 
 class GatewayMetrics:
-    """The per-request series (see the module docstring); names in ``names.py``."""
+    """The per-request series (see the module docstring); names in ``names.py``.
+    ``buffered``: increments are held until the registry is read (one process only)."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, buffered: bool = False) -> None:
+        flush = None
+        if buffered:
+            flush = _Flush()
+            registry.register(flush)  # before the series: collected first
+
         def counter(name: str, doc: str, labels: tuple[str, ...]) -> Callable[..., Any]:
-            return _cached(Counter(name, doc, labels, registry=registry))
+            return _cached(Counter(name, doc, labels, registry=registry), flush)
 
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Callable[..., Any]:
-            return _cached(Histogram(name, doc, ("pool",), registry=registry, buckets=buckets))
+            return _cached(Histogram(name, doc, ("pool",), registry=registry, buckets=buckets),
+                           flush)
 
         self.requests = counter(n.M_REQUESTS, "Requests answered, by final endpoint and status",
                                 ("model", "pool", "endpoint", "status", "policy"))
@@ -171,6 +247,6 @@ def new_registry(fleet: Callable[[], Fleet]) -> tuple[CollectorRegistry, Gateway
         metrics = GatewayMetrics(CollectorRegistry())  # values go to this process's files
         multiprocess.MultiProcessCollector(registry, shared_dir)
     else:
-        metrics = GatewayMetrics(registry)
+        metrics = GatewayMetrics(registry, buffered=True)
     registry.register(FleetCollector(fleet, with_peers=bool(shared_dir)))
     return registry, metrics
