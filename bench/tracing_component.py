@@ -76,7 +76,7 @@ def decisions(n: int, stream: bool) -> tuple[list[Decision], dict[str, Endpoint]
 
 def run(tracing: Tracing | None, stream: bool, n: int) -> float:
     """CPU microseconds per request through the observer (export included)."""
-    observer = TelemetryObserver(GatewayMetrics(CollectorRegistry()), CostLedger(),
+    observer = TelemetryObserver(GatewayMetrics(CollectorRegistry(), buffered=True), CostLedger(),
                                  RequestLog(lambda _: None), tracing, lambda _: 1.0)
     ds, endpoints = decisions(n, stream)
     routing = RoutingRequest(MODEL, stream=stream, max_tokens=256, prompt_chars=2000)
