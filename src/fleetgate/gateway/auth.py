@@ -37,6 +37,10 @@ class Principal:
     admin: bool = False
     priority: str | None = None  # the key's class (None: an open gateway, x-priority decides)
     weight: float = 1.0
+    unlimited: bool = field(init=False)  # no limit set: admission has nothing to count
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "unlimited", self.limits == KeyLimits())
 
     def priority_for(self, header: str | None) -> str:
         """The class a request waits in: the key's, or a lower one the client asks for

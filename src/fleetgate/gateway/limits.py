@@ -68,7 +68,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetgate.catalog.pricing import charge_usd
-from fleetgate.config.auth import KeyLimits
 from fleetgate.gateway.auth import Principal
 from fleetgate.gateway.errors import RateLimited
 from fleetgate.gateway.proxy.observer import (
@@ -89,7 +88,6 @@ MINUTE = 60.0
 HOLD_TTL_S = 900.0
 RESERVATION_TTL_S = 900.0  # a dead replica's $ reservations are given back after this
 UNCAPPED_OUTPUT_TOKENS = 4096  # what a request without an output cap reserves (module doc)
-NO_LIMITS = KeyLimits()
 DAY_TTL_S, MONTH_TTL_S = 2 * 86400.0, 62 * 86400.0
 
 
@@ -205,9 +203,9 @@ class LimitEnforcer:
                     snapshot: Callable[[], Snapshot] | None = None) -> Admission | None:
         """Check every limit of the caller, reserving its tokens and $; None when it has no
         limits (nothing to settle). ``snapshot`` prices the $ reservation (none: 0)."""
-        lim, key, now = principal.limits, principal.name, self.clock()
-        if lim == NO_LIMITS:
+        if principal.unlimited:
             return None
+        lim, key, now = principal.limits, principal.name, self.clock()
         admission = Admission(principal, now)
         if lim.rpm is not None:
             verdict = await self.store.take(f"rpm:{key}", 1, lim.rpm, MINUTE, now)

@@ -59,9 +59,9 @@ async def read_body(request: Request, limit: int, timeout_s: float | None = None
     it came with the head) is taken as it is, with no deadline to arm."""
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"request body of {declared} bytes exceeds the {limit}-byte limit")
-    cycle = getattr(request.receive, "__self__", None)
+    cycle: Any = getattr(request.receive, "__self__", None)  # uvicorn's request cycle
     if getattr(cycle, "more_body", True) is False and not cycle.disconnected \
-            and cycle.message_event.is_set():  # uvicorn holds all of it: nothing to wait for
+            and cycle.message_event.is_set():  # it holds all of it: nothing to wait for
         message = await request.receive()
         body: bytes = message.get("body", b"")
         if len(body) > limit:
