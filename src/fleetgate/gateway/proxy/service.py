@@ -371,8 +371,10 @@ def _upstream_body(req: ProxyRequest, attempt: Attempt,
     return orjson.dumps(body)
 
 
+@functools.lru_cache(maxsize=1024)
 def _model_rewriter(served: str, public: str) -> Callable[[bytes], bytes]:
-    """Rewrite ``"model":"<served>"`` to the public name in an engine's JSON bytes."""
+    """Rewrite ``"model":"<served>"`` to the public name in an engine's JSON bytes (one
+    rewriter per pair of names, not one per request)."""
     if served == public:
         return lambda data: data
     old, new = orjson.dumps(served), orjson.dumps(public)
