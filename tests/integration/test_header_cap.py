@@ -103,3 +103,37 @@ def test_an_oversize_request_pipelined_behind_a_good_one_gets_its_431_after_it(g
     first, _, rest = answer.partition(b'{"status":"ok"}')
     assert first.startswith(b"HTTP/1.1 200 ") and rest, answer[:300]
     _check_431(rest)
+
+
+def _read_answer(sock: socket.socket, method: str = "GET") -> bytes:
+    """One whole answer with a content-length from a keep-alive connection."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.lower().split(b"\r\n")
+    length = 0 if method == "HEAD" else int(next(
+        ln.split(b":")[1] for ln in lines if ln.startswith(b"content-length")))
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head + b"\r\n\r\n" + body
+
+
+def test_answers_without_a_body_and_after_100_continue_keep_the_connection(gw: Proc) -> None:
+    """Heads that wait for their body (``server._HeadWithBody``) never wait for one that
+    does not come: HEAD, and a 100 Continue before the answer, on one connection."""
+    host, port = gw.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(f"HEAD /healthz HTTP/1.1\r\nhost: {host}\r\n\r\n".encode())
+        head = _read_answer(sock, "HEAD")  # a 405 with a content-length and no body
+        assert head.startswith(b"HTTP/1.1 405 ") and head.endswith(b"\r\n\r\n")
+        sock.sendall(f"GET /healthz HTTP/1.1\r\nhost: {host}\r\n\r\n".encode())
+        assert _read_answer(sock).endswith(b'{"status":"ok"}')
+        body = b'{"model":"nobody-serves-this","messages":[{"role":"user","content":"x"}]}'
+        sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}\r\n"
+                     f"content-type: application/json\r\nexpect: 100-continue\r\n"
+                     f"content-length: {len(body)}\r\n\r\n".encode())
+        assert sock.recv(65536).startswith(b"HTTP/1.1 100 Continue")
+        sock.sendall(body)
+        answer = _read_answer(sock)
+        assert answer.startswith(b"HTTP/1.1 404 ") and b"nobody-serves-this" in answer

@@ -21,6 +21,12 @@
   never holds more than 64 KiB of any header block. (Bytes of a pipelined request that
   arrive in the same read as the end of the one before are not counted: one read at most.)
 
+- **One write per plain answer**: uvicorn writes an answer's head and its body in two
+  system calls. Each request's transport is wrapped (``_HeadWithBody``) so that a head
+  followed by a body of known length waits for that body and both go out in one write
+  (on loopback, each write also runs the receiving side's network stack on this core).
+  A stream's head, or a head with no body to follow, is written at once.
+
 What the app cannot wrap: a request uvicorn cannot parse (malformed request line or
 headers, a bad ``Content-Length``) is answered by uvicorn itself with a plain-text 400 and
 ``connection: close`` before the app sees anything; a trailing slash or an unknown route is
@@ -60,6 +66,38 @@ def _envelope(status: str, code: str, message: str) -> bytes:
 
 def _envelope_408(message: str) -> bytes:
     return _envelope("408 Request Timeout", "request_timeout", message)
+
+
+class _HeadWithBody:
+    """A request cycle's transport: holds the answer's head while a body of known length is
+    still to come, and writes it with the body's first bytes (module doc). Every other
+    write, and everything else, goes straight to the connection's transport."""
+
+    __slots__ = ("_cycle", "_head", "_state", "_transport")
+
+    def __init__(self, cycle: Any, transport: asyncio.Transport) -> None:
+        self._cycle, self._transport = cycle, transport
+        self._head, self._state = b"", 0  # 0: no head yet; 1: head held; 2: head written
+
+    def write(self, data: bytes) -> None:
+        if self._state == 1:
+            data, self._head, self._state = self._head + data, b"", 2
+        elif self._state == 0 and self._cycle.response_started:  # this is the head
+            self._state = 2
+            cycle = self._cycle
+            if cycle.chunked_encoding is False and cycle.expected_content_length > 0 \
+                    and cycle.scope["method"] != "HEAD":
+                self._head, self._state = data, 1
+                return
+        self._transport.write(data)
+
+    def close(self) -> None:
+        if self._state == 1:  # the answer failed after its head: the head still goes
+            self.write(b"")
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 class _GuardedHttpTools(HttpToolsProtocol):
@@ -109,6 +147,8 @@ class _GuardedHttpTools(HttpToolsProtocol):
         super().on_headers_complete()
         if self.cycle is not None:  # set by uvicorn unless it refused the request
             self.cycle.on_disconnect = None  # type: ignore[attr-defined]  # client.py hooks it
+            self.cycle.transport = _HeadWithBody(  # type: ignore[assignment]
+                self.cycle, self.transport)
 
     def on_message_complete(self) -> None:
         self._in_head, self._head_bytes = True, 0
