@@ -227,6 +227,30 @@ def test_the_decision_log_bounds_the_candidates_it_keeps() -> None:
     assert len(log.latest(1, candidates=1)[0]["candidates"]) == 1
 
 
+def test_tpot_is_learned_against_the_whole_prompt_a_cached_prefix_included() -> None:
+    """A cached prefix is not prefilled again, but its KV is read at every step: the TPOT
+    prior the learned k_tpot is measured against counts the whole prompt, as the router's
+    prediction does. Counted without the cached part, a busy engine that decodes exactly as
+    the prior says taught k_tpot far above 1, and admission shed what it could serve."""
+    from fleetgate.routing.estimate import prior_tpot
+    from fleetgate.routing.plugins.prefix_cache import chunk_hashes
+
+    live = make_fleet()
+    prompt = "system prompt " * 2000
+    hashes = chunk_hashes(prompt)
+    tokens = request(prompt_chars=len(prompt)).prompt_tokens_estimate
+    i = 0
+    for _ in range(40):  # a busy replica: the KV read is most of a step
+        live.on_dispatch(i, 1.0, prompt_tokens=tokens, prefix_hashes=hashes)
+    sample = live.on_dispatch(i, 1.0, prompt_tokens=tokens, prefix_hashes=hashes)
+    assert sample.prompt_tokens == tokens  # the prefix was cached there: not prefilled
+    batch = (sample.active + live.value(i, "active")) / 2  # as on_finish counts it
+    measured = prior_tpot(live.snapshot(1.0).static, i, tokens, 100, batch, 0.0)
+    for t in (2.0, 3.0, 4.0):
+        live.on_finish(i, t, 100, 1.0, measured, sample)
+    assert live.value(i, "k_tpot") == pytest.approx(1.0, abs=0.1)
+
+
 def test_a_cached_prefix_lowers_the_marginal_cost_and_the_ttft_where_it_is_cached() -> None:
     """What an endpoint's cache holds of the prompt is not prefilled again: its marginal $
     and its TTFT are predicted without it, so the cost router sends a long shared prefix

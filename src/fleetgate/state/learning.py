@@ -57,7 +57,7 @@ class Sample:
     """What one attempt was dispatched with: the inputs of its uncorrected predictions."""
 
     prior_ttft_s: float  # the router's TTFT prediction without k_ttft (NaN: none)
-    prompt_tokens: int
+    prompt_tokens: int  # the whole prompt, cached part included (the TPOT prior's context)
     active: float  # requests on the endpoint right after dispatch, this one included
     ttft_limit_s: float = math.inf  # the SLO it is judged by (inf: not judged)
     tpot_limit_s: float = math.inf

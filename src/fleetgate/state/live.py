@@ -222,7 +222,10 @@ class LiveFleet:
                     prefix_hashes: Sequence[int] = ()) -> Sample:
         """A request goes to endpoint ``i``; returns what its measurements are judged
         against when it ends (``learning.Sample``). The prefix index records its prompt;
-        what the endpoint's cache already holds of it is not counted as prefill work."""
+        what the endpoint's cache already holds of it is not counted as prefill work, but
+        the sample keeps the whole prompt: its KV is read at every step, cached or not,
+        as the router's TPOT prediction counts it (``routing/estimate.py``)."""
+        whole = prompt_tokens
         cached = self.prefix.record(i, prefix_hashes) * CHUNK_TOKENS
         prompt_tokens = max(0, prompt_tokens - cached)
         self._live[_ROW["in_flight"], i] += 1
@@ -243,7 +246,7 @@ class LiveFleet:
         self._derive_active(i)
         k_ttft = self._live[_ROW["k_ttft"], i]
         prior_ttft = math.nan if predicted_ttft_s is None else predicted_ttft_s / k_ttft
-        return Sample(prior_ttft, prompt_tokens, float(self._live[_ACTIVE, i]), *slo_limits)
+        return Sample(prior_ttft, whole, float(self._live[_ACTIVE, i]), *slo_limits)
 
     def on_first_token(self, i: int, now: float, ttft_s: float | None,
                        sample: Sample = NO_SAMPLE) -> None:
