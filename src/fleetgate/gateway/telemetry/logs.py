@@ -12,8 +12,8 @@ Where it goes is a process knob, ``FLEETGATE_REQUEST_LOG`` = ``stderr`` (default
 ``info``. The lines are written straight to the stream as bare JSON (no logging prefix),
 so a log shipper can parse them as they are; ``sink`` can be swapped (tests do). Lines go
 out together, in one write ``FLUSH_S`` after the first of them (one system call for many
-requests at any load; a write per request was ~4% of a plain request's CPU at low load),
-and at once when the app stops (``close``).
+requests at any load; it was one per turn of the event loop, so one per request at low
+load), and at once when the app stops (``close``).
 
 May touch: orjson, the given stream. Must not touch: the logging module's global config,
 telemetry libraries, anything of the request but the fields above.
