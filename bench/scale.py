@@ -185,8 +185,17 @@ def start_engine(idle_s: float) -> tuple[subprocess.Popen[str], int]:
     return engine, int(line.rsplit(":", 1)[1])
 
 
-def engine_stats(port: int) -> Counter[str]:
-    return Counter(httpx.get(f"http://127.0.0.1:{port}/_mock/stats", timeout=30).json())
+def engine_stats(port: int, tries: int = 20) -> Counter[str]:
+    """The engine's visit counts. Near its open-files limit (10,000 addresses, and the
+    replicas reconnecting after a kill) it may refuse or reset this connection: try again."""
+    for attempt in range(tries):
+        try:
+            return Counter(httpx.get(f"http://127.0.0.1:{port}/_mock/stats", timeout=30).json())
+        except httpx.TransportError:
+            if attempt == tries - 1:
+                raise
+            time.sleep(0.5)
+    raise AssertionError("unreachable")
 
 
 def start_replica(index: int, config: Path, tmp: Path, env: dict[str, str],
