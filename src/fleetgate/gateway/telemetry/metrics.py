@@ -7,7 +7,9 @@ Two kinds of series:
   resolved once per label set and cached in plain dicts (``prometheus_client``'s
   ``labels()`` takes a lock and builds a key on every call). In one process, each child's
   increments are added up in a plain buffer (``_Buffered``, ``_BufferedHistogram``) and
-  handed to the child when the registry is read (``_Flush``, collected first): a request
+  handed to the child when the registry is read (``_Flush``, collected first; ``/metrics``
+  reads it on the event loop, where the increments are made, so nothing is lost between
+  the two): a request
   pays an attribute add per series instead of ``prometheus_client``'s locked call chain
   (~8% of a plain request's CPU), and every scrape still sees every request.
 * **Read at scrape time** (``FleetCollector``): per-endpoint queue depth, running, in-flight,
