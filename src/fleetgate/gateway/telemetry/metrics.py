@@ -9,9 +9,8 @@ Two kinds of series:
   increments are added up in a plain buffer (``_Buffered``, ``_BufferedHistogram``) and
   handed to the child when the registry is read (``_Flush``, collected first; ``/metrics``
   reads it on the event loop, where the increments are made, so nothing is lost between
-  the two): a request
-  pays an attribute add per series instead of ``prometheus_client``'s locked call chain
-  (~8% of a plain request's CPU), and every scrape still sees every request.
+  the two): a request pays an attribute add per series instead of ``prometheus_client``'s
+  locked call chain (~8% of a plain request's CPU), and every scrape sees every request.
 * **Read at scrape time** (``FleetCollector``): per-endpoint queue depth, running, in-flight,
   KV usage, readiness, breaker state, measured tokens/s, $/Mtok, price, and the collector's
   scrape errors, all read from the live fleet of the current generation when Prometheus
