@@ -114,7 +114,9 @@ async def list_models(request: Request) -> Response:
 
 
 def json_ok(body: object, status: int = 200) -> Response:
-    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+    """``body`` as JSON; numpy numbers (the live state's) as JSON numbers."""
+    return Response(orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY), status_code=status,
+                    media_type="application/json")
 
 
 routes = [Route(api.path, _handler(api), methods=["POST"]) for api in APIS.values()]
