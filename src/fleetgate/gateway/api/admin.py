@@ -12,8 +12,9 @@
   a row costs ~30 µs, so the rows are built ``ROWS_PER_TURN`` at a time with the event
   loop's other work (requests, the collector's ticks) in between, and the answer is encoded
   straight to JSON (its model, ``EndpointsReport``, documents it: validating 10,000 rows
-  held the event loop longer than building them; BENCHMARKS.md, "Collector at scale"). The
-  pool rows always cover every endpoint matched and come from the live columns.
+  through it held the event loop another 0.2-0.4 s in one piece; BENCHMARKS.md, "Collector
+  at scale"). The pool rows always cover every endpoint matched and come from the live
+  columns.
 - ``GET /admin/decisions?limit=N&candidates=K``: the last N routing decisions, newest
   first, each with every candidate (or its best K) and their per-scorer scores and
   estimates, the rejected endpoints with the reason, the chosen endpoint and the reason.
