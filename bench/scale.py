@@ -53,6 +53,10 @@ the N URLs, policy ``cost``) is written to a temporary directory; the replicas s
 after another (each waits for ``/readyz``: its first tick visits the whole fleet alone),
 then the run waits until Redis has counted R live replicas for ``--settle`` seconds.
 
+Split by what each part does: ``scale_procs.py`` starts and measures the processes,
+``scale_watch.py`` reads the replicas and Redis while it runs, ``scale_report.py`` turns
+the results into tables; this file runs the windows and the kill.
+
 Run: .venv/bin/python bench/scale.py [--replicas 4] [--endpoints 10000] [--interval 1]
      [--duration 30] [--poll SECONDS | 0] [--kill] [--json out.json]
 """
@@ -63,13 +67,10 @@ import argparse
 import contextlib
 import json
 import os
-import platform
-import re
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections import Counter
@@ -80,316 +81,44 @@ from typing import Any
 
 import httpx
 import numpy as np
-import orjson
-
-HERE = Path(__file__).parent
-ROOT = HERE.parent
-METRICS = ROOT / "tests" / "data" / "vllm_metrics.txt"
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-POOLS = [("h100", "nvidia", 2.95), ("h200", "nvidia", 3.60), ("mi300x", "amd", 1.99),
-         ("mi325x", "amd", 2.25), ("b200", "nvidia", 6.00), ("mi355x", "amd", 2.90)]
-MODEL = "m"
-BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hello " * 50}],
-        "max_tokens": 16}
-
-
-# -- processes ------------------------------------------------------------------------------
-def cpu_s(pid: int) -> float:
-    """User + system seconds of a live process (its threads included)."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rfind(")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def rss_mb(pid: int) -> float:
-    with contextlib.suppress(OSError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def open_fds(pid: int) -> int:
-    try:
-        return len(os.listdir(f"/proc/{pid}/fd"))
-    except OSError:
-        return -1
-
-
-def raise_hard_nofile(want: int) -> tuple[int, int]:
-    """Raise this process's hard open-files limit (children inherit it) where allowed."""
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and hard < want:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, want))
-    return resource.getrlimit(resource.RLIMIT_NOFILE)
-
-
-def endpoint_urls(n: int, port: int) -> list[str]:
-    """127.0.x.y for y in 1..250: 10,000 endpoints are 127.0.0.1 .. 127.0.39.250."""
-    return [f"http://127.0.{i // 250}.{i % 250 + 1}:{port}" for i in range(n)]
-
-
-def fleet_yaml(urls: list[str], pools: int) -> str:
-    chunks = np.array_split(np.arange(len(urls)), pools)
-    lines = ["pools:"]
-    for k, chunk in enumerate(chunks):
-        gpu, _, price = POOLS[k % len(POOLS)]
-        lines.append(f"  - name: {gpu}-{k}\n    accelerator: {gpu}\n    engine: vllm\n"
-                     f"    price_per_gpu_hour: {price}\n    models: {{{MODEL}: {MODEL}}}\n"
-                     "    endpoints:")
-        lines += [f"      - {urls[i]}" for i in chunk]
-    lines.append("policies:\n  c: {strategy: cost}\ndefault_policy: c\n")
-    return "\n".join(lines)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class Replica:
-    index: int
-    popen: subprocess.Popen[bytes]
-    url: str
-    log: Path
-    replica_id: str | None = None
-    ready_after_s: float = 0.0
-    alive: bool = True
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    @property
-    def name(self) -> str:
-        return f"replica {self.index}"
-
-
-def start_engine(idle_s: float) -> tuple[subprocess.Popen[str], int]:
-    engine = subprocess.Popen(
-        [sys.executable, str(HERE / "mock_engine.py"), "--host", "0.0.0.0", "--port", "0",
-         "--metrics-file", str(METRICS), "--backlog", "65535", "--idle-timeout-s", str(idle_s),
-         "--stats"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    assert engine.stdout is not None
-    line = engine.stdout.readline().strip()
-    if not line.startswith("MOCK_ENGINE_READY"):
-        raise RuntimeError(f"mock engine did not start: {line!r}")
-    return engine, int(line.rsplit(":", 1)[1])
-
-
-def engine_stats(port: int, tries: int = 20) -> Counter[str]:
-    """The engine's visit counts. Near its open-files limit (10,000 addresses, and the
-    replicas reconnecting after a kill) it may refuse or reset this connection: try again."""
-    for attempt in range(tries):
-        try:
-            return Counter(httpx.get(f"http://127.0.0.1:{port}/_mock/stats", timeout=30).json())
-        except httpx.TransportError:
-            if attempt == tries - 1:
-                raise
-            time.sleep(0.5)
-    raise AssertionError("unreachable")
-
-
-def start_replica(index: int, config: Path, tmp: Path, env: dict[str, str],
-                  timeout: float) -> Replica:
-    port = free_port()
-    log = tmp / f"replica-{index}.log"
-    with open(log, "ab") as sink:  # the child keeps its own copy of the descriptor
-        popen = subprocess.Popen(
-            [sys.executable, "-m", "fleetgate.cli", "serve", "--config", str(config),
-             "--port", str(port), "--workers", "1"],
-            env=env, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if popen.poll() is not None:
-            raise RuntimeError(f"replica {index} exited ({popen.returncode}); see {log}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url + "/readyz", timeout=5).status_code == 200:
-                return Replica(index, popen, url, log, ready_after_s=time.monotonic() - t0)
-        time.sleep(0.5)
-    popen.kill()
-    raise RuntimeError(f"replica {index} not ready after {timeout:.0f}s; see {log}")
-
-
-def ready_count(rep: Replica) -> int | None:
-    with contextlib.suppress(httpx.HTTPError, ValueError):
-        return int(httpx.get(rep.url + "/readyz", timeout=30).json()["endpoints_ready"])
-    return None
-
+from scale_procs import (
+    Replica,
+    cpu_s,
+    delete_keys,
+    endpoint_urls,
+    engine_stats,
+    fleet_yaml,
+    log_report,
+    open_fds,
+    raise_hard_nofile,
+    ready_count,
+    rss_mb,
+    start_engine,
+    start_replica,
+)
+from scale_report import (
+    array_stats,
+    machine,
+    markdown,
+    pct,
+    request_report,
+)
+from scale_watch import (
+    RowSample,
+    RowSampler,
+    Sample,
+    live_members,
+    loadgen,
+    read_admin,
+)
 
 # -- the gateways' view: /admin/endpoints ---------------------------------------------------
-@dataclass
-class Sample:
-    replica: int
-    sent: float  # wall clock
-    took_s: float
-    collector: dict[str, Any]
-    ages: np.ndarray  # scrape_age_s / interval per endpoint (inf: never scraped)
-    not_ready: int
-
-
-def read_admin(rep: Replica, interval: float, timeout: float = 120.0) -> tuple[Sample, list[str]]:
-    sent = time.time()
-    t0 = time.perf_counter()
-    resp = httpx.get(rep.url + "/admin/endpoints", timeout=timeout)
-    resp.raise_for_status()
-    took = time.perf_counter() - t0
-    data = orjson.loads(resp.content)
-    rows = data["endpoints"]
-    ages = np.array([np.inf if r["scrape_age_s"] is None else r["scrape_age_s"]
-                     for r in rows]) / interval
-    rep.replica_id = data.get("replica") or rep.replica_id
-    ready = sum(r["health"] == "ready" for r in rows)
-    return (Sample(rep.index, sent, took, data.get("collector") or {}, ages, len(rows) - ready),
-            [r["id"] for r in rows])
-
-
-# -- Redis: who is live, the rows they publish -----------------------------------------------
-def live_members(client: Any, prefix: str) -> list[str]:
-    """The replicas whose shares have not expired (what ``PeerSync`` counts as live)."""
-    ids = sorted(m.decode() if isinstance(m, bytes) else str(m)
-                 for m in client.smembers(prefix + "replicas"))
-    if not ids:
-        return []
-    alive = client.mget([f"{prefix}replica:{i}" for i in ids])
-    return [i for i, blob in zip(ids, alive, strict=True) if blob is not None]
-
-
-@dataclass
-class RowSample:
-    t: float
-    ages: np.ndarray  # per endpoint: (now - newest visit in any replica's rows) / interval
-    own: dict[str, int]  # replica id -> new visits of endpoints it owns since the last sample
-    taken: dict[str, int]  # replica id -> new visits of endpoints it does not own
-    members: tuple[str, ...]
-
-
-class RowSampler(threading.Thread):
-    """Reads the rows every replica published (``state/shard.py``) every ``every`` seconds."""
-
-    def __init__(self, url: str, prefix: str, ids: list[str], interval: float,
-                 every: float) -> None:
-        super().__init__(daemon=True)
-        import redis
-
-        self.client = redis.Redis.from_url(url)
-        self.prefix, self.interval, self.every = prefix, interval, every
-        self.ids = ids
-        self.index = {eid: i for i, eid in enumerate(ids)}
-        self.samples: list[RowSample] = []
-        self.errors = 0
-        self.stop = threading.Event()
-        self._seen: dict[str, np.ndarray] = {}  # replica id -> newest visit time seen
-        self._owner: dict[tuple[str, ...], np.ndarray] = {}
-
-    def owner(self, members: tuple[str, ...]) -> np.ndarray:
-        """Per endpoint, the index in ``members`` of its owner (the gateway's rendezvous)."""
-        from fleetgate.state.shard import rendezvous
-
-        found = self._owner.get(members)
-        if found is None:
-            found = self._owner[members] = np.asarray(rendezvous(self.ids, members)[0])
-        return found
-
-    def sample(self) -> None:
-        members = tuple(live_members(self.client, self.prefix))
-        writers = sorted(m.decode() if isinstance(m, bytes) else str(m)
-                         for m in self.client.smembers(self.prefix + "rows-replicas"))
-        blobs = self.client.mget([f"{self.prefix}rows:{m}" for m in writers]) if writers else []
-        now = time.time()
-        n = len(self.ids)
-        newest = np.full(n, -np.inf)
-        owner = self.owner(members) if members else None
-        own, taken = {}, {}
-        for rid, blob in zip(writers, blobs, strict=True):
-            if blob is None:
-                continue
-            rows = orjson.loads(blob)
-            idx = np.fromiter((self.index.get(e, -1) for e in rows), dtype=np.int64,
-                              count=len(rows))
-            at = np.fromiter((r[0] for r in rows.values()), dtype=float, count=len(rows))
-            keep = idx >= 0
-            idx, at = idx[keep], at[keep]
-            np.maximum.at(newest, idx, at)
-            seen = self._seen.setdefault(rid, np.full(n, -np.inf))
-            new = at > seen[idx]
-            seen[idx[new]] = at[new]
-            mine = (owner[idx] == members.index(rid)) if owner is not None and rid in members \
-                else np.zeros(len(idx), dtype=bool)
-            own[rid] = int(np.count_nonzero(new & mine))
-            taken[rid] = int(np.count_nonzero(new & ~mine))
-        self.samples.append(RowSample(now, (now - newest) / self.interval, own, taken, members))
-
-    def run(self) -> None:
-        tick = time.monotonic()
-        while not self.stop.is_set():
-            try:
-                self.sample()
-            except Exception:  # a slow or busy Redis: the next sample will do
-                self.errors += 1
-            tick += self.every
-            self.stop.wait(max(0.0, tick - time.monotonic()))
-
-    def between(self, a: float, b: float) -> list[RowSample]:
-        return [s for s in self.samples if a <= s.t < b]
 
 
 # -- load generator (its own process, so the readers' JSON decoding does not delay it) -------
-def loadgen(out: Path, targets: list[str], direct: str, rate: float) -> None:
-    """Until SIGTERM: round-robin over ``targets``, ``rate`` requests per second in all,
-    each followed by the same request to ``direct``; one JSON line per pair."""
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    clients = [httpx.Client(base_url=t, timeout=30) for t in targets]
-    straight = httpx.Client(base_url=direct, timeout=30)
-    body = orjson.dumps(BODY)
-    headers = {"content-type": "application/json"}
-    gap = 1.0 / rate
-    nxt = time.monotonic()
-    k = 0
-    with open(out, "w") as f:
-        while not stop.is_set():
-            j = k % len(clients)
-            k += 1
-            row: dict[str, Any] = {"t": time.time(), "replica": j}
-            for name, client in (("gw", clients[j]), ("direct", straight)):
-                t0 = time.perf_counter()
-                try:
-                    r = client.post("/v1/chat/completions", content=body, headers=headers)
-                    row[name + "_status"] = r.status_code
-                except httpx.HTTPError as exc:
-                    row[name + "_status"] = type(exc).__name__
-                row[name] = time.perf_counter() - t0
-            f.write(json.dumps(row) + "\n")
-            f.flush()
-            nxt += gap
-            stop.wait(max(0.0, nxt - time.monotonic()))
 
 
 # -- measuring a window ---------------------------------------------------------------------
-def pct(values: np.ndarray, q: float) -> float:
-    return float(np.percentile(values, q)) if len(values) else float("nan")
-
-
-def array_stats(arrays: list[np.ndarray], mask: np.ndarray | None = None) -> dict[str, Any]:
-    if not arrays:
-        return {"samples": 0}
-    ages = np.concatenate([a if mask is None else a[mask] for a in arrays])
-    finite = ages[np.isfinite(ages)]
-    return {"samples": len(arrays), "values": len(ages),
-            "never_scraped": int(len(ages) - len(finite)),
-            "p50": pct(finite, 50), "p99": pct(finite, 99),
-            "max": float(finite.max()) if len(finite) else float("nan"),
-            "over_2_intervals": int(np.count_nonzero(ages > 2.0))}
 
 
 @dataclass
@@ -655,168 +384,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def request_report(path: Path, windows: dict[str, tuple[float, float]],
-                   victim: int) -> dict[str, Any]:
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    out = {}
-    for name, (a, b) in windows.items():
-        sel = [r for r in rows if a <= r["t"] < b
-               and not (name == "after kill" and r["replica"] == victim)]
-        ok = [r for r in sel if r.get("gw_status") == 200 and r.get("direct_status") == 200]
-        gw = np.array([r["gw"] for r in ok]) * 1e3
-        direct = np.array([r["direct"] for r in ok]) * 1e3
-        out[name] = {"requests": len(sel), "failed": len(sel) - len(ok),
-                     "statuses": dict(Counter(str(r.get("gw_status")) for r in sel)),
-                     "gw_p50_ms": pct(gw, 50), "gw_p99_ms": pct(gw, 99),
-                     "direct_p50_ms": pct(direct, 50), "direct_p99_ms": pct(direct, 99),
-                     "added_p50_ms": pct(gw, 50) - pct(direct, 50),
-                     "added_p99_ms": pct(gw, 99) - pct(direct, 99)}
-    return out
-
-
-def log_report(replicas: list[Replica]) -> dict[str, Any]:
-    out = {}
-    for r in replicas:
-        lines = r.log.read_text(errors="replace").splitlines()
-        bad = [ln for ln in lines if re.search(r"\b(ERROR|CRITICAL|WARNING)\b|Traceback", ln)]
-        down = [ln for ln in lines if re.search(r"endpoint \S+ is (not_ready|down)", ln)]
-        why = Counter(m.group(1) for ln in down if (m := re.search(r"\(([^)]*)\)\s*$", ln)))
-        kinds = Counter(re.sub(r"\d+(\.\d+)?", "N", ln[24:])[:120] for ln in bad)
-        out[r.name] = {"lines": len(lines), "warnings_errors": len(bad),
-                       "went_not_ready": len(down), "not_ready_why": dict(why.most_common(4)),
-                       "kinds": dict(kinds.most_common(6))}
-    return out
-
-
-def delete_keys(client: Any, prefix: str) -> None:
-    with contextlib.suppress(Exception):
-        keys = list(client.scan_iter(match=prefix + "*", count=1000))
-        if keys:
-            client.delete(*keys)
-
-
 # -- report ---------------------------------------------------------------------------------
-def fmt(x: Any, digits: int = 2) -> str:
-    if isinstance(x, float):
-        return "-" if x != x else f"{x:.{digits}f}"
-    return str(x)
-
-
-AGE_WINDOWS = {"before": ("before the kill", "all"),
-               "after_2_intervals": ("2 intervals after the kill", "all"),
-               "later": ("after those, to the end", "all"),
-               "victim_before": ("before the kill", "the killed replica's"),
-               "victim_after_2_intervals": ("2 intervals after the kill",
-                                            "the killed replica's"),
-               "victim_later": ("after those, to the end", "the killed replica's")}
-
-
-def age_table(stats: dict[str, Any], missing: str) -> list[str]:
-    lines = [f"| window | endpoints | samples | values | p50 | p99 | max | > 2 intervals "
-             f"| {missing} |", "|---|---|---|---|---|---|---|---|---|"]
-    for key, (name, which) in AGE_WINDOWS.items():
-        s = stats.get(key)
-        if not s or not s.get("samples"):
-            continue
-        lines.append(f"| {name} | {which} | {s['samples']} | {s['values']:,} | "
-                     f"{fmt(s['p50'])} | {fmt(s['p99'])} | {fmt(s['max'])} | "
-                     f"{s['over_2_intervals']:,} | {s['never_scraped']} |")
-    return lines
-
-
-def window_lines(w: dict[str, Any], extra: tuple[tuple[str, str], ...] = ()) -> list[str]:
-    head = ("| replica | CPU % of a core | ms per endpoint-tick | ms per visit "
-            "| own visits per interval | takeover visits per interval"
-            + "".join(f" | {label}" for label, _ in extra) + " |")
-    lines = [head, "|---" * (6 + len(extra)) + "|"]
-    for name, r in w["replicas"].items():
-        lines.append(f"| {name} | {r['cpu_pct']} | {r['ms_per_endpoint_tick']} | "
-                     f"{r['ms_per_visit']} | {r['own_visits_per_interval']:,} | "
-                     f"{r['takeover_visits_per_interval']}"
-                     + "".join(f" | {r.get(key, '')}" for _, key in extra)
-                     + " |")
-    lines += ["", f"Fleet-wide: **{w['scrapes_per_endpoint_interval']} scrapes per endpoint "
-              f"per interval** (engine-counted; {w['probes_per_endpoint_interval']} probes; "
-              f"{w['published_visits_per_endpoint_interval']} visits per endpoint per interval "
-              f"in the published rows), all replicas' CPU / (N x intervals) = "
-              f"**{w['fleet_ms_per_endpoint_tick']} ms per endpoint-tick**; replicas live in "
-              f"Redis during the window: {w['members_seen']}; other processes (% of a core): "
-              f"{w['other_cpu_pct']}; new engine connections {w['new_engine_connections']:,}, "
-              f"capacity reads {w['capacity_reads']:,}."]
-    return lines
-
-
-def markdown(res: dict[str, Any]) -> str:
-    q, i = res["quiet"], res["interval_s"]
-    lines = [f"{res['replicas']} replicas, {res['endpoints']:,} endpoints, scrape interval "
-             f"{i:g} s, sync {res['sync_interval_s']:g} s; replicas ready after "
-             f"{res['ready_after_s']} s (one after another), all live in Redis for the "
-             f"settling time {res['settled_after_s']} s after the first start; the engine "
-             f"closes connections idle {res['engine_idle_s']:g} s; open-files limit "
-             f"{res['open_files_limit']}.", ""]
-    lines += [f"**Quiet window** ({q['seconds']:.0f} s, nothing reads the gateways):", ""]
-    lines += window_lines(q, (("ready endpoints", "ready"), ("RSS MB", "rss_mb"),
-                              ("open fds", "fds")))
-    lines += [f"The engine held {q['engine_fds']:,} fds; this script used "
-              f"{q['this script cpu_pct']}% of a core (the row sampler).", ""]
-    if "polled" in res:
-        p = res["polled"]
-        every = ("each replica's" if res["read_all"] else "one replica's (in turn)")
-        lines += [f"**Polled window** ({p['seconds']:.0f} s, {every} /admin/endpoints read "
-                  f"every {res['poll_s']:g} s: {p['reads']} reads, p50 {p['read_s_p50']:.2f} "
-                  f"s, max {p['read_s_max']:.2f} s each; {p['skipped_busy']} skipped while the "
-                  f"previous one ran, {p['failed_reads']} failed; collector ticks per interval "
-                  f"{p['ticks_per_interval']}):", ""]
-        lines += [*window_lines(p), ""]
-    if "after_kill" in res:
-        a = res["after_kill"]
-        lines += [f"**After the kill** of replica 0 (SIGKILL; it owned "
-                  f"{res['victim_endpoints']:,} endpoints), {a['seconds']:.0f} s: takeover "
-                  f"visits in the first 2 intervals {a['takeovers_in_2_intervals']:,}; live "
-                  f"replicas in Redis (s after the kill, count) {a['members_over_time']}; "
-                  f"ready endpoints at the end {a['ready_at_end']}.", ""]
-        lines += [*window_lines(a), ""]
-    lines += ["Staleness of the rows in Redis (per endpoint, the age of the newest visit any "
-              f"replica published; read every {res['redis_poll_s']:g} s from the store, "
-              "nothing asked of the gateways), in intervals:", ""]
-    lines += [*age_table(res["published"], "none published"), ""]
-    if res["router_view"].get("before", {}).get("samples"):
-        lines += ["Staleness of the rows the router reads (`scrape_age_s` in the replicas' "
-                  "/admin/endpoints during the polled window and after the kill), in "
-                  "intervals:", ""]
-        lines += [*age_table(res["router_view"], "never scraped"), ""]
-    lines += ["Requests (non-streamed chat, instant engine), ms:", "",
-              "| window | requests | failed | gateway p50 | gateway p99 | direct p50 "
-              "| direct p99 | added p50 | added p99 |", "|---|---|---|---|---|---|---|---|---|"]
-    for name, r in res["requests"].items():
-        lines.append(f"| {name} | {r['requests']} | {r['failed']} | {fmt(r['gw_p50_ms'])} | "
-                     f"{fmt(r['gw_p99_ms'])} | {fmt(r['direct_p50_ms'])} | "
-                     f"{fmt(r['direct_p99_ms'])} | {fmt(r['added_p50_ms'])} | "
-                     f"{fmt(r['added_p99_ms'])} |")
-    lines += ["", "The collectors' counters over the whole run (first read after start to the "
-              "last, survivors): " + "; ".join(
-                  f"{k}: {v['ticks_per_interval']} ticks per interval, {v['visits']:,} visits, "
-                  f"{v['takeovers']:,} takeovers, {v['not_ready']} not ready at the end"
-                  for k, v in res["whole_run"].items()) + ".", ""]
-    lines += ["Gateway logs:", ""]
-    for name, lg in res["logs"].items():
-        lines.append(f"- {name}: {lg['warnings_errors']} warnings/errors, endpoints went "
-                     f"not ready {lg['went_not_ready']:,} times {lg['not_ready_why']}"
-                     + (f"; {lg['kinds']}" if lg["kinds"] else ""))
-    return "\n".join(lines)
-
-
-def machine() -> str:
-    model = "unknown"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                         capture_output=True, text=True).stdout.strip() or "?"
-    return (f"{model}, nproc {os.cpu_count()}, Linux {platform.release()}, Python "
-            f"{platform.python_version()}, commit {rev}")
 
 
 def main() -> None:
