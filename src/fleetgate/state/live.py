@@ -54,7 +54,6 @@ from fleetgate.routing.types import (
     LIVE_COLUMNS,
     LIVE_ROW,
     ROUTED_COLUMNS,
-    STATIC_COLUMNS,
     STATIC_ROW,
     Endpoint,
     FloatArray,
@@ -64,7 +63,7 @@ from fleetgate.state.adapters import AdapterTable
 from fleetgate.state.breaker import CircuitBreaker, HealthTracker
 from fleetgate.state.learning import NO_SAMPLE, Corrections, Sample
 from fleetgate.state.prefix import CHUNK_TOKENS, PrefixIndex
-from fleetgate.state.prior import Prior
+from fleetgate.state.prior import Prior, static_columns
 from fleetgate.state.slo_capacity import SloCapacity
 
 ALPHA = 0.2
@@ -124,11 +123,7 @@ class LiveFleet:
         self._live[_PREFILL_AT] = -np.inf
         self._live[_ROW["last_contact"]] = -np.inf
         self._live[_STALE_AT] = np.inf  # pending: never stale before the first contact
-        by_endpoint = _endpoint_columns(self.endpoints)
-        self._static = np.array([by_endpoint[name] if name in by_endpoint else
-                                 [getattr(p, name) for p in priors] for name in STATIC_COLUMNS],
-                                dtype=float).reshape(len(STATIC_COLUMNS), n)
-        self._static.setflags(write=False)
+        self._static = static_columns(self.endpoints, priors)
         self.prefix = PrefixIndex(self.endpoints, self._static[STATIC_ROW["kv_capacity_tokens"]])
         self.adapters = AdapterTable(self.endpoints)  # who holds which LoRA adapter
         self._seen = {"prompt_tokens_mean": 0, "output_tokens_mean": 0}
@@ -487,17 +482,3 @@ class LiveFleet:
         row = _ROW[name]
         old = float(self._live[row, i])
         self._live[row, i] = value if old != old else old + ALPHA * (value - old)
-
-
-def _endpoint_columns(endpoints: Sequence[Endpoint]) -> dict[str, list[float]]:
-    """The static columns an endpoint's description gives (its price), not its prior."""
-    hosted = [ep.hosted for ep in endpoints]
-    return {
-        "usd_per_s": [ep.usd_per_s for ep in endpoints],
-        "per_token": [0.0 if h is None else 1.0 for h in hosted],
-        "usd_per_input_token": [0.0 if h is None else h.price.input_usd_per_mtok / 1e6
-                                for h in hosted],
-        "usd_per_output_token": [0.0 if h is None else h.price.output_usd_per_mtok / 1e6
-                                 for h in hosted],
-        "hosted_ttft_s": [0.0 if h is None else h.ttft_s for h in hosted],
-    }

@@ -20,12 +20,18 @@ learns online (measured / predicted), so a wrong prior (another software stack, 
 engine, an emulator running X times faster) is corrected after a few requests; ``time_scale``
 lets the gateway start from the right scale when it knows it (emulated engines' ``speed``).
 
-May touch: catalog (pure data). Must not touch: I/O, clocks.
+``static_columns`` lays the priors and the endpoints' prices out as the live fleet's static
+matrix.
+
+May touch: catalog (pure data), numpy, routing types. Must not touch: I/O, clocks.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+
+import numpy as np
 
 from fleetgate.catalog.gpus import GPUS
 from fleetgate.catalog.models import MODEL_PROFILES, UNKNOWN_MODEL_PROFILE, known_profile
@@ -35,6 +41,7 @@ from fleetgate.catalog.roofline import (
     kv_capacity_tokens,
     step_seconds,
 )
+from fleetgate.routing.types import STATIC_COLUMNS, Endpoint, FloatArray
 
 MAX_NUM_SEQS = 256  # vLLM's default max_num_seqs; SGLang's is similar in practice
 # An engine that runs at all holds at least one sequence this long: the KV guess for an
@@ -95,3 +102,28 @@ def endpoint_prior(accelerator: str, served_model: str, tp: int = 1, stack: str 
         max_model_len=float(max_model_len or profile.max_model_len or UNKNOWN_CONTEXT),
         profile=profile.name,
     )
+
+
+def static_columns(endpoints: Sequence[Endpoint], priors: Sequence[Prior]) -> FloatArray:
+    """The live fleet's static matrix (``STATIC_COLUMNS`` x endpoints, read-only): each
+    endpoint's prior, and the columns its description gives (its price)."""
+    by_endpoint = _endpoint_columns(endpoints)
+    static = np.array([by_endpoint[name] if name in by_endpoint else
+                       [getattr(p, name) for p in priors] for name in STATIC_COLUMNS],
+                      dtype=float).reshape(len(STATIC_COLUMNS), len(endpoints))
+    static.setflags(write=False)
+    return static
+
+
+def _endpoint_columns(endpoints: Sequence[Endpoint]) -> dict[str, list[float]]:
+    """The static columns an endpoint's description gives (its price), not its prior."""
+    hosted = [ep.hosted for ep in endpoints]
+    return {
+        "usd_per_s": [ep.usd_per_s for ep in endpoints],
+        "per_token": [0.0 if h is None else 1.0 for h in hosted],
+        "usd_per_input_token": [0.0 if h is None else h.price.input_usd_per_mtok / 1e6
+                                for h in hosted],
+        "usd_per_output_token": [0.0 if h is None else h.price.output_usd_per_mtok / 1e6
+                                 for h in hosted],
+        "hosted_ttft_s": [0.0 if h is None else h.ttft_s for h in hosted],
+    }
