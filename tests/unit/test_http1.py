@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from fleetgate.backends import http1
-from fleetgate.backends.http1 import DECODED_PIECE, HIGH_WATER, Http1Backend
+from fleetgate.backends.http1 import Http1Backend
+from fleetgate.backends.http1_conn import DECODED_PIECE, HIGH_WATER
 from fleetgate.backends.http1_wire import parse
 from fleetgate.backends.relay import Timeouts, UpstreamError
 

@@ -36,7 +36,9 @@ to the same engine when the answer was read to its end.
   bounded per frame (``sse.MAX_FRAME_BYTES``), not in total.
 
 Failures are ``UpstreamError``s with the same kinds as before: ``connect``, ``timeout``,
-``protocol``.
+``protocol``. This file keeps the pool and the answers; one connection (its parser, body
+pieces, flow control, decoding and watchdog) is ``http1_conn.py``, what it writes
+``http1_wire.py``.
 
 May touch: asyncio, ssl, httptools, the network. Must not touch: routing, the gateway.
 """
@@ -46,307 +48,18 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
-import zlib
-from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any, TypeVar
+from typing import TypeVar
 
-import httptools
-
+from fleetgate.backends.http1_conn import MAX_ANSWER_BYTES, Connection
 from fleetgate.backends.http1_wire import Key, head, header_lines, lines, parse
 from fleetgate.backends.relay import Timeouts, UpstreamError, UpstreamResponse
 
-HIGH_WATER = 256 * 1024  # bytes waiting for the client before the engine's socket pauses
-DECODED_PIECE = 1024 * 1024  # at most this much decompressed out of one piece at a time
-MAX_ANSWER_BYTES = 128 * 1024 * 1024  # a whole (non-streamed) answer, decoded
-_DECODABLE = frozenset({b"gzip", b"x-gzip", b"deflate"})
 T = TypeVar("T")
 
 
 READ_BUFFER = 256 * 1024
 SWEEP_EVERY = 1024  # connections given back between two sweeps of the idle pool
-
-
-class _Connection(asyncio.BufferedProtocol):
-    """One keep-alive connection to an engine; parses one answer at a time."""
-
-    def __init__(self, key: Key, loop: asyncio.AbstractEventLoop,
-                 read_buffer: memoryview) -> None:
-        self.key = key
-        self.read_buffer = read_buffer  # shared by the backend's connections (``get_buffer``)
-        self.loop = loop
-        self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpResponseParser(self)
-        self.status = 0
-        self.content_type = "application/json"
-        self.keep_alive = True
-        self.headers_done: asyncio.Future[None] | None = None
-        self.pieces: deque[bytes] = deque()
-        self.buffered = 0
-        self.complete = False
-        self.failure: UpstreamError | None = None
-        self.waiter: asyncio.Future[None] | None = None
-        self.got_bytes = False
-        self.paused = False
-        self.idle_since = 0.0
-        self.closed = False
-        self.read_s = 0.0
-        self.last_data = 0.0
-        self.total_s = 0.0
-        self.total_at = 0.0  # loop time by which the whole answer must be in
-        self.watchdog: asyncio.TimerHandle | None = None
-        self.watch_at = 0.0  # loop time the watchdog fires at
-        self.received = 0  # body bytes of this answer so far, as sent (before decoding)
-        self.encoding = b""  # the answer's content-encoding, lower case
-        self.decoder: Any = None  # a zlib decompressor when the answer is compressed
-        # two pipelined requests (``Http1Backend.get_pair``): resolves with the first's status
-        # once it is whole; its body is dropped (kept only to check a compressed one)
-        self.first: asyncio.Future[int] | None = None
-        self.first_body: list[bytes] = []
-
-    # -- asyncio.Protocol ----------------------------------------------------------------
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        """What every connection of one backend reads into: its loop reads one socket at a
-        time and the parser copies out what it keeps before the next read, so one buffer
-        serves them all; the kernel copies an answer straight into it, not into a buffer of
-        the loop's and then a bytes object (a 63 KB scrape, a copy less). One per backend,
-        so per loop: never shared across threads."""
-        return self.read_buffer
-
-    def buffer_updated(self, nbytes: int) -> None:
-        self.data_received(self.read_buffer[:nbytes])
-
-    def data_received(self, data: bytes | memoryview) -> None:
-        self.got_bytes = True
-        self.last_data = self.loop.time()
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self._fail(UpstreamError("protocol", f"upstream sent bad HTTP: {exc}"))
-            self.close()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        if not self.complete:
-            what = f": {exc}" if exc else ""
-            self._fail(UpstreamError("protocol", f"upstream closed the connection{what}"))
-
-    # -- httptools callbacks -------------------------------------------------------------
-    def on_header(self, name: bytes, value: bytes) -> None:
-        lower = name.lower()
-        if lower == b"content-type":
-            self.content_type = value.decode("latin-1")
-        elif lower == b"content-encoding":
-            self.encoding = value.strip().lower()
-
-    def on_headers_complete(self) -> None:
-        self.status = self.parser.get_status_code()
-        self.keep_alive = self.parser.should_keep_alive()
-        if self.encoding in _DECODABLE:
-            self.decoder = zlib.decompressobj(wbits=47)  # a gzip or zlib header, either
-        elif self.encoding not in (b"", b"identity"):
-            self._fail(UpstreamError("protocol", "upstream answered with content-encoding "
-                                     f"{self.encoding.decode('latin-1')!r}, not identity"))
-            self.close()
-            return
-        if self.headers_done is not None and not self.headers_done.done():
-            self.headers_done.set_result(None)
-
-    def on_body(self, body: bytes) -> None:
-        self.received += len(body)
-        if self.first is not None:  # the first of two pipelined answers: dropped
-            if self.decoder is not None:
-                self.first_body.append(body)
-            return
-        self.pieces.append(body)
-        self.buffered += len(body)
-        if self.buffered > HIGH_WATER and not self.paused and self.transport is not None:
-            self.paused = True
-            self.transport.pause_reading()
-        self._wake()
-
-    def on_message_complete(self) -> None:
-        if self.first is not None:
-            self._first_done()
-            return
-        self.complete = True
-        self._wake()
-
-    def _first_done(self) -> None:
-        """The first of two pipelined answers is whole: check it as ``_Response.read`` would
-        (size, a compressed body that decodes), resolve ``first`` with its status, and
-        start on the second answer, which has ``total_s`` of its own from now (as when
-        it is asked for after the first)."""
-        first, decoder, raw = self.first, self.decoder, self.first_body
-        assert first is not None
-        self.first_body = []
-        try:
-            if self.received > MAX_ANSWER_BYTES:
-                raise UpstreamError("protocol", f"upstream answer over "
-                                                f"{MAX_ANSWER_BYTES >> 20} MiB")
-            if decoder is not None:
-                size = len(decoder.decompress(b"".join(raw), MAX_ANSWER_BYTES + 1))
-                if size + len(decoder.flush()) > MAX_ANSWER_BYTES:
-                    raise UpstreamError("protocol", f"upstream answer over "
-                                                    f"{MAX_ANSWER_BYTES >> 20} MiB")
-        except zlib.error as exc:
-            self._fail(UpstreamError("protocol", f"upstream sent a bad {self.encoding!r} "
-                                                 f"body: {exc}"))
-            self.close()
-            return
-        except UpstreamError as exc:
-            self._fail(exc)
-            self.close()
-            return
-        status = self.status
-        self.first = None
-        self.status, self.content_type = 0, "application/json"
-        self.received, self.encoding, self.decoder = 0, b"", None
-        now = self.loop.time()
-        self.last_data, self.total_at = now, now + self.total_s
-        self.headers_done = self.loop.create_future()
-        if not first.done():
-            first.set_result(status)
-
-    # -- the exchange --------------------------------------------------------------------
-    def start(self, request: bytes, read_s: float, total_s: float) -> asyncio.Future[None]:
-        """Send one request; the future resolves when the answer's headers are in. The
-        answer must go no ``read_s`` without a byte and be whole within ``total_s``."""
-        self.status, self.content_type, self.complete = 0, "application/json", False
-        self.received, self.encoding, self.decoder = 0, b"", None
-        self.pieces.clear()
-        self.buffered, self.got_bytes, self.failure = 0, False, None
-        self.headers_done = self.loop.create_future()
-        now = self.loop.time()
-        self.read_s, self.last_data = read_s, now
-        self.total_s, self.total_at = total_s, now + total_s
-        due = min(now + read_s, self.total_at)
-        if self.watchdog is None or self.watch_at > due:  # else the last one's, still armed,
-            self._arm(due)  # fires first and looks again (a timer a request cost ~5 us)
-        assert self.transport is not None
-        self.transport.write(request)
-        return self.headers_done
-
-    def start_pair(self, requests: bytes, read_s: float, total_s: float) -> asyncio.Future[int]:
-        """Send two pipelined requests in one write; the future resolves with the first
-        answer's status when it is whole (``headers_done`` then waits for the second's)."""
-        self.start(requests, read_s, total_s)
-        self.headers_done = None  # made when the first answer is whole
-        self.first = self.loop.create_future()
-        self.first_body = []
-        return self.first
-
-    def _arm(self, at: float) -> None:
-        if self.watchdog is not None:
-            self.watchdog.cancel()
-        self.watchdog = self.loop.call_at(at, self._watch)
-        self.watch_at = at
-
-    def _watch(self) -> None:
-        """Both timeouts on one timer (not one per body piece, nor one each): the answer is
-        not whole within ``total_s``, or the engine has sent nothing for ``read_s`` while
-        the gateway was waiting for it. A connection given back to the pool keeps its timer
-        armed, and the next request on it keeps that one when it fires no later than the
-        request's own would; when it fires it judges whatever request is then in flight
-        (none: it stops), so a timer is made about once a read timeout per connection in
-        use, not once a request."""
-        self.watchdog = None
-        if self.complete or self.failure is not None or self.closed:
-            return
-        now = self.loop.time()
-        if now >= self.total_at:
-            self._timed_out(f"upstream answer not complete within {self.total_s:g} s "
-                            f"({self.received} bytes of it received)")
-            return
-        if self.paused or self.pieces:  # the gateway is behind, not the engine: look later
-            self._arm(min(now + self.read_s, self.total_at))
-            return
-        due = self.last_data + self.read_s
-        if now >= due:
-            if not self.status:
-                self._timed_out(f"upstream sent no answer headers within {self.read_s:g} s")
-            else:
-                self._timed_out(f"upstream sent nothing for {self.read_s:g} s after "
-                                f"{self.received} bytes of its answer")
-            return
-        self._arm(min(due, self.total_at))
-
-    def stop_watch(self) -> None:
-        if self.watchdog is not None:
-            self.watchdog.cancel()
-            self.watchdog = None
-
-    async def next_piece(self) -> bytes | None:
-        """The body that arrived since the last call (waiting for some), decoded, or None at
-        the end of the answer."""
-        while True:
-            piece = await self._next_raw()
-            decoder = self.decoder
-            if decoder is None:
-                return piece
-            try:
-                if piece is None:
-                    self.decoder = None
-                    return decoder.flush() or None
-                out = decoder.decompress(piece, DECODED_PIECE)
-            except zlib.error as exc:
-                raise UpstreamError("protocol", f"upstream sent a bad {self.encoding!r} "
-                                                f"body: {exc}") from None
-            tail = decoder.unconsumed_tail
-            if tail:  # more than one piece's worth: the rest on the next call
-                self.pieces.appendleft(tail)
-                self.buffered += len(tail)
-            if out:
-                return out
-
-    async def _next_raw(self) -> bytes | None:
-        while not self.pieces:
-            if self.failure is not None:
-                raise self.failure
-            if self.complete:
-                return None
-            self.waiter = self.loop.create_future()
-            try:
-                await self.waiter
-            finally:
-                self.waiter = None
-        if len(self.pieces) == 1:
-            piece = self.pieces.popleft()
-        else:  # all that arrived meanwhile, as one piece: one frame batch, one client write
-            piece = b"".join(self.pieces)
-            self.pieces.clear()
-        self.buffered -= len(piece)
-        if self.paused and self.buffered <= HIGH_WATER // 4 and self.transport is not None:
-            self.paused = False
-            self.last_data = self.loop.time()  # the engine was held back, not silent
-            self.transport.resume_reading()
-        return piece
-
-    def _timed_out(self, message: str = "upstream timed out") -> None:
-        self._fail(UpstreamError("timeout", message))
-        self.close()
-
-    def _fail(self, error: UpstreamError) -> None:
-        if self.failure is None:
-            self.failure = error
-        if self.first is not None and not self.first.done():
-            self.first.set_exception(error)
-        if self.headers_done is not None and not self.headers_done.done():
-            self.headers_done.set_exception(error)
-        self._wake()
-
-    def _wake(self) -> None:
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result(None)
-
-    def close(self) -> None:
-        self.closed = True
-        self.stop_watch()
-        if self.transport is not None:
-            self.transport.close()
 
 
 class _Response:
@@ -360,7 +73,7 @@ class _Response:
         """Body bytes of the answer so far, as the engine sent them."""
         return self._conn.received
 
-    def __init__(self, backend: Http1Backend, conn: _Connection) -> None:
+    def __init__(self, backend: Http1Backend, conn: Connection) -> None:
         self._backend, self._conn = backend, conn
         self._done = False
         self.status = conn.status
@@ -391,7 +104,7 @@ class _Response:
         self._done = True
         conn = self._conn
         if conn.complete and conn.failure is None and conn.keep_alive and not conn.closed:
-            self._backend.release(conn)  # its watchdog stays armed (``_Connection._watch``)
+            self._backend.release(conn)  # its watchdog stays armed (``Connection._watch``)
         else:
             conn.stop_watch()
             if not conn.closed:
@@ -402,7 +115,7 @@ class Http1Backend:
     """The production relay client (module doc). Create inside a running event loop."""
 
     def __init__(self, max_idle_per_host: int = 256, keepalive_s: float = 30.0) -> None:
-        self._idle: dict[Key, list[_Connection]] = {}
+        self._idle: dict[Key, list[Connection]] = {}
         self._max_idle = max_idle_per_host
         self._keepalive_s = keepalive_s
         self._tls: ssl.SSLContext | None = None
@@ -468,7 +181,7 @@ class Http1Backend:
         return _Response(self, conn)
 
     async def _sent(self, key: Key, timeouts: Timeouts,
-                    send: Callable[[_Connection], Awaitable[T]]) -> tuple[_Connection, T]:
+                    send: Callable[[Connection], Awaitable[T]]) -> tuple[Connection, T]:
         """``send`` on an idle connection to ``key``, or on a new one when there is none or
         the engine had closed the idle one before it saw the request; the connection and
         what ``send`` gave (a request's headers are in)."""
@@ -490,7 +203,7 @@ class Http1Backend:
                 raise
         raise AssertionError("unreachable")
 
-    def release(self, conn: _Connection) -> None:
+    def release(self, conn: Connection) -> None:
         self._releases += 1
         if self._releases % SWEEP_EVERY == 0:
             self.sweep()
@@ -526,7 +239,7 @@ class Http1Backend:
                 conn.close()
         self._idle.clear()
 
-    def _idle_connection(self, key: Key) -> _Connection | None:
+    def _idle_connection(self, key: Key) -> Connection | None:
         idle = self._idle.get(key)
         if idle is None:
             return None
@@ -542,7 +255,7 @@ class Http1Backend:
             del self._idle[key]
         return found
 
-    async def _connect(self, key: Key, connect_s: float) -> _Connection:
+    async def _connect(self, key: Key, connect_s: float) -> Connection:
         scheme, host, port = key
         loop = asyncio.get_running_loop()
         if scheme == "https" and self._tls is None:
@@ -550,7 +263,7 @@ class Http1Backend:
         try:
             async with asyncio.timeout(connect_s):
                 transport, conn = await loop.create_connection(
-                    lambda: _Connection(key, loop, self._read), host, port,
+                    lambda: Connection(key, loop, self._read), host, port,
                     ssl=self._tls if scheme == "https" else None)
         except TimeoutError:
             raise UpstreamError("timeout", f"connect to {host}:{port} timed out") from None
