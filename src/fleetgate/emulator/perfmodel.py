@@ -26,13 +26,10 @@ Scheduling follows vLLM v1 (SGLang is close enough at this level):
 Step durations come from ``catalog.roofline.step_seconds`` (gpus.md §4.1 roofline).
 
 LoRA adapters (``add(..., adapter=NAME)``): a step whose batch runs requests of k distinct
-adapters takes ``lora_step_seconds(k)`` longer: the batched LoRA kernels' fixed cost
-(``LORA_KERNEL_S``: vLLM's Punica shrink/expand launches, two per adapted projection and
-layer) plus each adapter's weights read once (rank ``LORA_RANK`` on the q/k/v/o projections
-of every layer, 16-bit, at the GPU's bandwidth). As vLLM v1's scheduler does, a waiting
-request is skipped (not admitted, the queue behind it goes on) while the running batch
-already has ``max_loras`` other adapters (``SchedulerConfig.max_loras``; 0: no limit).
-These costs are this model's assumptions (the vLLM docs give no number), not measurements.
+adapters takes ``lora_step_seconds(k)`` longer (``stepcost.py``). As vLLM v1's scheduler
+does, a waiting request is skipped (not admitted, the queue behind it goes on) while the
+running batch already has ``max_loras`` other adapters (``SchedulerConfig.max_loras``; 0: no
+limit).
 
 Prefix caching (prefixcache.py): a request may bring its prompt's chained block hashes; at
 admission the cached leading blocks skip prefill (they count as KV already in the cache).
@@ -58,49 +55,15 @@ from fleetgate.catalog.gpus import GpuSpec
 from fleetgate.catalog.models import ModelProfile
 from fleetgate.catalog.roofline import StepLoad, kv_capacity_tokens, step_seconds
 from fleetgate.emulator.decoderun import DecodeRun
+from fleetgate.emulator.engine_io import SchedulerConfig, SimCounters, TokenEvent
 from fleetgate.emulator.prefixcache import PrefixCache
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    """Engine scheduler knobs (the names follow vLLM's CLI flags)."""
-
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    gpu_memory_utilization: float = 0.9
-    workspace_gb: float = 1.0  # activations, graphs, sampler: HBM that is neither weights nor KV
-    kv_reserve_ratio: float = 0.0
-    max_loras: int = 0  # distinct LoRA adapters one batch may run (vLLM --max-loras; 0: any)
-
-    def __post_init__(self) -> None:
-        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
-            raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
-        if self.max_num_batched_tokens < self.max_num_seqs:  # vLLM refuses this too
-            raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
-        if not 0.0 <= self.kv_reserve_ratio <= 1.0:
-            raise ValueError("kv_reserve_ratio must be within [0, 1]")
-
-
-@dataclass(frozen=True, slots=True)
-class TokenEvent:
-    """One output token of one request; ``index`` counts from 0."""
-
-    request_id: str
-    index: int
-    finished: bool
-    cached_tokens: int = 0  # on a request's first token: prompt tokens it found cached
-
-
-@dataclass(frozen=True)
-class SimCounters:
-    prompt_tokens_total: int
-    generation_tokens_total: int
-    preemptions_total: int
-    finished_total: int
-    aborted_total: int
-    steps_total: int
-    prefix_queries_total: int = 0  # prompt tokens looked up in the prefix cache
-    prefix_hits_total: int = 0  # of which found cached
+from fleetgate.emulator.stepcost import (
+    decode_run,
+    decode_seconds,
+    linear_fit,
+    lora_adapter_seconds,
+    lora_step_seconds,
+)
 
 
 @dataclass(eq=False, slots=True)
@@ -525,50 +488,13 @@ class EngineSim:
         step crosses the roofline's ridge); then a run costs no roofline evaluation."""
         if batch not in self._linear:
             self._linear[batch] = self._linear_fit(batch, 0, self.kv_capacity_tokens)
-        fit = self._linear[batch]
-        if fit is None:
-            fit = self._linear_fit(batch, kv0, kv0 + (steps - 1) * batch)
+        fit = self._linear[batch] or self._linear_fit(batch, kv0, kv0 + (steps - 1) * batch)
         lora = self.lora_step_seconds(len(self._lora))  # the batch, so its adapters, is fixed
-        if fit is not None:
-            base, per_token = fit
-            return DecodeRun(batch, steps, base + per_token * kv0 + lora, per_token * batch)
-        ends, total = [], 0.0
-        for j in range(steps):
-            total += self._decode_seconds(batch, kv0 + j * batch) + lora
-            ends.append(total)
-        return DecodeRun(batch, steps, ends[0], ends[1] - 2 * ends[0], tuple(ends))
+        return decode_run(batch, kv0, steps, fit, lambda kv: self._decode_seconds(batch, kv),
+                          lora)
 
     def _decode_seconds(self, batch: int, kv_read: float) -> float:
-        load = StepLoad(tokens=batch, kv_tokens_read=kv_read, attention_pairs=kv_read)
-        return step_seconds(self.gpu, self.profile, load, self.tp, self.stack)
+        return decode_seconds(self.gpu, self.profile, self.tp, self.stack, batch, kv_read)
 
     def _linear_fit(self, batch: int, lo: float, hi: float) -> tuple[float, float] | None:
-        """(seconds at 0 KV tokens read, seconds per token read) when a decode step of
-        ``batch`` is linear in the tokens read over [lo, hi] (its midpoint on the chord:
-        the step time is convex), else None."""
-        if hi <= lo:
-            return None
-        a, b = self._decode_seconds(batch, lo), self._decode_seconds(batch, hi)
-        mid = self._decode_seconds(batch, (lo + hi) / 2)
-        if abs(mid - (a + b) / 2) > 1e-9 * b:
-            return None
-        per_token = (b - a) / (hi - lo)
-        return a - per_token * lo, per_token
-
-
-LORA_RANK = 16  # the adapters' rank the step cost assumes (a common fine-tuning choice)
-LORA_TARGETS = 4  # adapted projections per layer: q, k, v, o
-LORA_KERNEL_S = 5e-4  # per step with any adapter: ~256 shrink/expand launches of ~2 us
-LORA_BYTES_PER_WEIGHT = 2.0
-
-
-def lora_adapter_seconds(gpu: GpuSpec, profile: ModelProfile, tp: int) -> float:
-    """Reading one adapter's weights (A: d x r and B: r x d per adapted projection and
-    layer, split over ``tp`` GPUs) at the GPU's HBM bandwidth."""
-    weights = profile.layers * LORA_TARGETS * 2 * LORA_RANK * profile.d_model
-    return weights * LORA_BYTES_PER_WEIGHT / tp / (gpu.hbm_tb_s * 1e12)
-
-
-def lora_step_seconds(per_adapter_s: float, adapters: int) -> float:
-    """What ``adapters`` distinct adapters in one batch add to its step."""
-    return 0.0 if adapters <= 0 else LORA_KERNEL_S + adapters * per_adapter_s
+        return linear_fit(lambda kv: self._decode_seconds(batch, kv), lo, hi)
