@@ -249,14 +249,17 @@ async def test_request_log_lines_go_out_together_and_at_close() -> None:
     stream = _Stream()
     sink = StreamSink(stream)
     sink(b"a\n")
+    due = sink.due
     sink(b"b\n")
-    assert stream.writes == []  # waiting for the others that come soon
-    await asyncio.sleep(FLUSH_S * 2)
-    assert stream.writes == [b"a\nb\n"]  # one write for both
+    assert stream.writes == [] and sink.due is due  # one write due for both
+    assert due is not None and due.when() <= asyncio.get_running_loop().time() + FLUSH_S
+    sink.flush()  # what the timer runs
+    assert stream.writes == [b"a\nb\n"] and sink.due is None and due.cancelled()
     sink(b"c\n")
-    sink.close()  # the app stops: no wait, and none after
+    assert sink.due is not None
+    sink.close()  # the app stops: no wait, the timer cancelled, none after
     sink(b"d\n")
-    assert stream.writes == [b"a\nb\n", b"c\n", b"d\n"]
+    assert stream.writes == [b"a\nb\n", b"c\n", b"d\n"] and sink.due is None
 
 
 def test_a_fleet_report_adds_the_other_replicas_snapshots() -> None:

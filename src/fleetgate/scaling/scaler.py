@@ -17,13 +17,13 @@ Per group of pools that serve the same models (pools sharing a model are one gro
   learned speed);
 * ``packing``, per group, is how the group holds its SLO (the results the gateway judged
   over the last minute, ``SloCapacity.outcomes``): from 1, it rises ``PACK_UP`` a tick
-  while under 40% of the SLO's miss budget (1%) is missed, falls ``PACK_DOWN`` a tick while
-  over the budget, never under 1 (``target_utilization`` is the most headroom kept) nor
-  over a replica's whole capacity (``1 / target_utilization``). So the bill follows the
-  router: one that holds the SLO on fuller replicas is given fewer of them. On the matrix's
-  autoscaled cells at a target of 0.8 cost held 99.3-99.7% where round_robin fell to
-  95.1-97.4% on the same replicas (BENCHMARKS.md, issue 23); with one fixed target every
-  router was bought the same fleet;
+  while under ``PACK_UP_UNDER`` (40%) of the SLO's miss budget (1%) is missed, falls
+  ``PACK_DOWN`` a tick while over the budget, never under 1 (``target_utilization`` is the
+  most headroom kept) nor over a replica's whole capacity (``1 / target_utilization``).
+  So the bill follows the router: one that holds the SLO on fuller replicas is given fewer
+  of them. On the matrix's autoscaled cells at a target of 0.8 cost held 99.3-99.7% where
+  round_robin fell to 95.1-97.4% on the same replicas (BENCHMARKS.md, issue 23); with one
+  fixed target every router was bought the same fleet;
 * what is paid for anyway is used first: pools without ``autoscale`` at their ready count,
   autoscaled ones at their floor (``min_replicas``);
 * the rest is bought on the autoscaled pools in order of $ per unit of SLO capacity, each
@@ -53,6 +53,7 @@ EPS = 1e-9
 TICK_S = 5.0  # how often serve and simulate tick the scaler
 DEMAND_WINDOW_S = 20.0
 MISS_BUDGET = 0.01  # "99% within the SLO"
+PACK_UP_UNDER = 0.4  # of the budget: missing less than this, replicas are filled fuller
 PACK_UP, PACK_DOWN = 0.01, 0.05  # a tick's step of a group's packing
 PACK_MIN = 1.0
 MIN_JUDGED = 200.0  # results in the last minute before the packing moves
@@ -192,8 +193,8 @@ class FleetScaler:
 
     def _pack(self, now: float, key: frozenset[str], group: list[PoolState]) -> float:
         """How much fuller than its target utilization the group's replicas are filled
-        (module docstring): ``PACK_UP`` more each ``TICK_S`` while the group misses under 40%
-        of the SLO's budget, ``PACK_DOWN`` less while it misses over the budget."""
+        (module docstring): ``PACK_UP`` more each ``TICK_S`` while the group misses under
+        ``PACK_UP_UNDER`` of the SLO's budget, ``PACK_DOWN`` less while it misses over it."""
         judged = sum(p.outcomes[0] for p in group)
         missed = sum(p.outcomes[1] for p in group)
         pack, then = self.packing.get(key, (1.0, now))
@@ -202,7 +203,7 @@ class FleetScaler:
         if judged >= MIN_JUDGED:
             if missed > MISS_BUDGET * judged:
                 pack -= PACK_DOWN * ticks
-            elif missed < 0.4 * MISS_BUDGET * judged:
+            elif missed < PACK_UP_UNDER * MISS_BUDGET * judged:
                 pack += PACK_UP * ticks
         pack = min(max(pack, PACK_MIN), 1.0 / max(targets) if targets else 1.0)
         self.packing[key] = (pack, now)

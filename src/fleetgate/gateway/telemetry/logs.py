@@ -56,6 +56,7 @@ class StreamSink:
         self._out = getattr(stream, "buffer", None)  # the bytes under a text stream
         self._pending: list[bytes] = []
         self._closed = False
+        self.due: asyncio.TimerHandle | None = None  # the write the waiting lines wait for
 
     def __call__(self, line: bytes) -> None:
         self._pending.append(line)
@@ -63,13 +64,16 @@ class StreamSink:
             return  # a write is already due
         if not self._closed:
             try:
-                asyncio.get_running_loop().call_later(FLUSH_S, self.flush)
+                self.due = asyncio.get_running_loop().call_later(FLUSH_S, self.flush)
                 return
             except RuntimeError:  # no event loop here
                 pass
         self.flush()
 
     def flush(self) -> None:
+        if self.due is not None:
+            self.due.cancel()  # written now: the timer has nothing left to do
+            self.due = None
         if not self._pending:
             return
         data = b"".join(self._pending)
