@@ -3,7 +3,6 @@ markdown tables."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import platform
@@ -13,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from host import cpu_model
 from scale_procs import ROOT
 
 AGE_WINDOWS = {"before": ("before the kill", "all"),
@@ -168,12 +168,7 @@ def markdown(res: dict[str, Any]) -> str:
 
 
 def machine() -> str:
-    model = "unknown"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
+    model = cpu_model()
     rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
                          capture_output=True, text=True).stdout.strip() or "?"
     return (f"{model}, nproc {os.cpu_count()}, Linux {platform.release()}, Python "

@@ -55,6 +55,8 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from host import cpu_model
+
 ROOT = Path(__file__).resolve().parent.parent
 MOCK = ROOT / "bench" / "mock_engine.py"
 RESULTS = ROOT / "bench" / "results" / "tracing_overhead.md"
@@ -278,12 +280,7 @@ def table(rows: list[Row]) -> str:
 
 
 def machine() -> str:
-    model = "unknown"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
+    model = cpu_model()
     return (f"{model}, {os.cpu_count()} CPUs; Linux {platform.release()}; "
             f"Python {platform.python_version()}")
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import platform
 import sys
@@ -11,8 +10,8 @@ import textwrap
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from host import cpu_model
 from systems import LOAD_CPU, SUT_CPU, git_rev
 
 LABELS = {
@@ -257,12 +256,7 @@ def issue26_lines(keys: set[tuple[str, str, int]], get: Callable[[str, str, int]
 
 
 def machine(versions: dict[str, dict[str, str]]) -> list[str]:
-    model = "unknown"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
+    model = cpu_model()
     lines = [f"- CPU: {model}, {os.cpu_count()} cores; Linux {platform.release()}; "
              f"Python {platform.python_version()} (this script, fleetgate, naive)"]
     for name, v in versions.items():
