@@ -5,12 +5,12 @@ per-round numbers swing by ±30%, more than the effect. This script runs exactly
 tracing adds, the gateway's observer fed the calls ``ProxyService`` makes for one request
 (request -> routed(decision) -> attempt -> headers -> first_token -> finished -> end) with
 a real routing decision of the ``cost`` policy over the four pools of the embedded fleet,
-and measures this process's CPU time (``time.process_time``: all threads, so the batch
-span processor's export thread is counted, ``force_flush`` included) per request:
+and measures this process's CPU time (``time.process_time``: all threads, so the span
+batcher's export thread is counted, ``force_flush`` included) per request:
 
 * ``off``: no ``OTEL_*``: metrics, cost ledger, a JSON log line (to a null sink);
-* ``spans only``: tracing on, spans built and handed to a processor that drops them (the
-  event-loop share of the cost);
+* ``spans only``: tracing on, span records built and given to no exporter (the event-loop
+  share of the cost);
 * ``traced``: tracing on, exported by the batch processor over OTLP/HTTP to a local
   receiver process (``bench/tracing_overhead.py --receiver``);
 * ``sampled 25%``: ``traced`` with ``parentbased_traceidratio`` 0.25.
@@ -31,9 +31,8 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry
 
 from fleetgate.config.schema import PolicyConfig
@@ -44,7 +43,7 @@ from fleetgate.gateway.proxy.request import ProxyRequest
 from fleetgate.gateway.telemetry.logs import RequestLog
 from fleetgate.gateway.telemetry.metrics import GatewayMetrics
 from fleetgate.gateway.telemetry.recorder import TelemetryObserver
-from fleetgate.gateway.telemetry.tracing import Tracing, start_tracing
+from fleetgate.gateway.telemetry.tracing import Tracing, sampler_from_env, start_tracing
 from fleetgate.routing import Decision, Endpoint, RoutingRequest
 from fleetgate.routing.policies import build_pipeline
 from fleetgate.state.live import LiveFleet
@@ -95,20 +94,15 @@ def run(tracing: Tracing | None, stream: bool, n: int) -> float:
         attempt.finished(AttemptResult(200, usage, 0.05 if stream else None, 2.5, 4.0))
         req.end(200)
     if tracing is not None:
-        tracing.provider.force_flush()
+        tracing.force_flush()
     return (time.process_time() - t0) / n * 1e6
-
-
-class _Drop:
-    def on_end(self, span: Any) -> None:
-        pass
 
 
 def variants(receiver: str) -> dict[str, Callable[[], Tracing | None]]:
     otlp = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver}
     return {
         "off": lambda: None,
-        "spans only": lambda: Tracing(TracerProvider(shutdown_on_exit=False), [_Drop()]),
+        "spans only": lambda: Tracing(Resource.create({}), sampler_from_env({}), []),
         "traced": lambda: start_tracing(otlp),
         "sampled 25%": lambda: start_tracing({**otlp, "OTEL_TRACES_SAMPLER":
                                               "parentbased_traceidratio",

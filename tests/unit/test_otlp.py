@@ -1,8 +1,9 @@
 """The lean OTLP/HTTP exporter: its bytes decode to what the SDK's own encoder produces.
 
-Table of spans covering every attribute type, events, statuses, remote and local parents,
-trace state, and several resources and scopes; then one real export over HTTP (gzip,
-headers from OTEL_* variables) to a local receiver.
+Table of span records covering every attribute type, events, statuses, remote and local
+parents and a root; the SDK encoder is given the same records as the SDK's own values
+(``to_readable``). Then one real export over HTTP (gzip, headers from OTEL_* variables) to
+a local receiver, and a batcher's queue limit and flushes.
 """
 
 from __future__ import annotations
@@ -16,55 +17,80 @@ import pytest
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import Event, ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
+from opentelemetry.trace import SpanKind
 
 from fleetgate.gateway.telemetry.otlp import SpanEncoder, http_exporter_from_env
+from fleetgate.gateway.telemetry.spanrecord import SpanBatcher, SpanRecord, to_readable
 
 RESOURCE = Resource.create({"service.name": "fleetgate", "service.version": "0.1.0"})
-OTHER = Resource({"service.name": "other", "k8s.pod": "p-1"}, schema_url="https://x/1.0")
+SCHEMA = Resource({"service.name": "other", "k8s.pod": "p-1"}, schema_url="https://x/1.0")
 SCOPE = InstrumentationScope("fleetgate", "0.1.0")
-SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 ATTRS = {"s": "text", "empty": "", "uni": "μ-тест", "t": True, "f": False, "i": 42,
          "big": 2**62, "neg": -7, "zero": 0, "x": 0.25, "inf": float("inf"),
          "words": ["a", "b"], "ints": [1, 2, 3], "floats": [0.5], "bools": [True]}
 
 
-def _span(name: str, span_id: int, parent: SpanContext | None = None, **kw: object
-          ) -> ReadableSpan:
-    ctx = SpanContext(0xABC, span_id, False, SAMPLED, kw.pop("trace_state", None))  # type: ignore[arg-type]
-    base: dict[str, object] = {"resource": RESOURCE, "attributes": dict(ATTRS),
-                               "kind": SpanKind.CLIENT, "start_time": 1_000 + span_id,
-                               "end_time": 9_000_000_000 + span_id,
-                               "instrumentation_scope": SCOPE}
+def _record(name: str, span_id: int, parent_id: int = 1, **kw: object) -> SpanRecord:
+    base: dict[str, object] = {"kind": SpanKind.CLIENT, "trace_id": 0xABC, "span_id": span_id,
+                               "parent_id": parent_id, "remote_parent": False, "flags": 3,
+                               "start_ns": 1_000 + span_id, "end_ns": 9_000_000_000 + span_id,
+                               "attrs": dict(ATTRS), "error": None}
     base.update(kw)
-    return ReadableSpan(name, ctx, parent, **base)  # type: ignore[arg-type]
+    return SpanRecord(name, **base)  # type: ignore[arg-type]
 
 
-REMOTE = SpanContext(0xABC, 0x77, True, SAMPLED)
-LOCAL = SpanContext(0xABC, 0x1, False, SAMPLED)
-SPANS = [
-    _span("POST /v1/chat/completions", 1, REMOTE, kind=SpanKind.SERVER),
-    _span("route", 2, LOCAL, kind=SpanKind.INTERNAL, attributes={"only": "one"}),
-    _span("chat m", 3, LOCAL, events=[Event("first_token", {"fleetgate.ttft_s": 0.1}, 5)],
-          status=Status(StatusCode.ERROR, "HTTP 503: queue full")),
-    _span("no attributes", 4, None, attributes={}, status=Status(StatusCode.OK)),
-    _span("traced state", 5, LOCAL, trace_state=TraceState([("vendor", "v1")])),
-    _span("other resource", 6, None, resource=OTHER),
-    _span("other scope", 7, None, instrumentation_scope=InstrumentationScope("x", None)),
-    _span("no scope", 8, None, instrumentation_scope=None),
+RECORDS = [
+    _record("POST /v1/chat/completions", 1, 0x77, kind=SpanKind.SERVER, remote_parent=True),
+    _record("route", 2, kind=SpanKind.INTERNAL, attrs={"only": "one"}),
+    _record("chat m", 3, events=(("first_token", 5, {"fleetgate.ttft_s": 0.1}),),
+            error="HTTP 503: queue full"),
+    _record("no attributes", 4, 0, attrs={}, error=""),
+    _record("root, unsampled flags", 5, 0, flags=0),
+    _record("tuples and look-alikes", 6, attrs={"c": 1, "t": ("a", "b"), "m": (1, 2)}),
+    _record("look-alikes", 7, attrs={"c": True, "t": ("a", "b"), "m": (True, 2.0)}),
 ]
 
 
-@pytest.mark.parametrize("spans", [SPANS[:1], SPANS[:3], SPANS, SPANS[::-1]],
+def _sdk(records: list[SpanRecord], resource: Resource = RESOURCE) -> ExportTraceServiceRequest:
+    return encode_spans([to_readable(r, resource, SCOPE) for r in records])
+
+
+@pytest.mark.parametrize("records", [RECORDS[:1], RECORDS[:3], RECORDS, RECORDS[::-1]],
                          ids=["one", "three", "all", "reversed"])
-def test_encoder_matches_the_sdk_encoder(spans: list[ReadableSpan]) -> None:
+@pytest.mark.parametrize("resource", [RESOURCE, SCHEMA], ids=["resource", "schema_url"])
+def test_encoder_matches_the_sdk_encoder(records: list[SpanRecord], resource: Resource) -> None:
     encoder = SpanEncoder()
     for _ in range(2):  # the second time from the caches
-        mine = ExportTraceServiceRequest.FromString(encoder.request(spans))
-        assert mine == encode_spans(spans)
+        mine = ExportTraceServiceRequest.FromString(encoder.request(records, resource, SCOPE))
+        assert mine == _sdk(records, resource)
+
+
+def test_batcher_exports_in_batches_and_drops_past_its_queue() -> None:
+    got: list[list[SpanRecord]] = []
+    done = threading.Event()
+
+    def export(batch: list[SpanRecord]) -> bool:
+        got.append(batch)
+        if sum(map(len, got)) >= 4:
+            done.set()
+        return True
+
+    batcher = SpanBatcher(export, max_queue_size=6, max_export_batch_size=2,
+                          schedule_delay_millis=60_000)
+    for r in RECORDS[:4]:  # a full batch wakes the thread: no waiting for the delay
+        batcher.on_end(r)
+    assert done.wait(10)
+    assert all(len(b) <= 2 for b in got) and [r for b in got for r in b] == RECORDS[:4]
+    with batcher._lock:  # the thread holds off: the queue fills and then drops
+        for r in RECORDS * 2:
+            batcher.on_end(r)
+    assert batcher.dropped == 2 * len(RECORDS) - 6
+    assert batcher.force_flush()
+    assert sum(map(len, got)) == 10
+    batcher.on_end(RECORDS[0])
+    batcher.shutdown()  # exports what is queued, then stops the thread
+    assert sum(map(len, got)) == 11 and not batcher._thread.is_alive()
 
 
 class Receiver:
@@ -104,23 +130,23 @@ def test_export_over_http_with_gzip_and_headers(receiver: Receiver) -> None:
         "OTEL_EXPORTER_OTLP_HEADERS": "x-api-key=abc%20d,Tenant=t1",
         "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": "gzip"}, receiver.url + "/v1/traces")
     for _ in range(2):  # the second export reuses the kept-alive connection
-        assert exporter.export(SPANS[:3]) == SpanExportResult.SUCCESS
+        assert exporter.export(RECORDS[:3], RESOURCE, SCOPE)
     exporter.shutdown()
     assert len(receiver.bodies) == 2
     headers, raw = receiver.bodies[0]
     assert headers["content-type"] == "application/x-protobuf"
     assert headers["content-encoding"] == "gzip"
     assert (headers["x-api-key"], headers["tenant"]) == ("abc d", "t1")
-    assert ExportTraceServiceRequest.FromString(gzip.decompress(raw)) == encode_spans(SPANS[:3])
+    assert ExportTraceServiceRequest.FromString(gzip.decompress(raw)) == _sdk(RECORDS[:3])
 
 
 def test_export_failures_are_reported_not_raised(receiver: Receiver) -> None:
     wrong_path = http_exporter_from_env({}, receiver.url + "/elsewhere")
-    assert wrong_path.export(SPANS[:1]) == SpanExportResult.FAILURE
+    assert not wrong_path.export(RECORDS[:1], RESOURCE, SCOPE)
     receiver.server.shutdown()
     receiver.server.server_close()
     closed = http_exporter_from_env({"OTEL_EXPORTER_OTLP_TIMEOUT": "1"}, receiver.url)
-    assert closed.export(SPANS[:1]) == SpanExportResult.FAILURE
+    assert not closed.export(RECORDS[:1], RESOURCE, SCOPE)
 
 
 @pytest.mark.parametrize(("env", "endpoint"), [

@@ -6,12 +6,32 @@ real routing decision over the routing test fleet.
 
 from __future__ import annotations
 
+import random
+
 import pytest
+from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanKind, StatusCode
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
+    ALWAYS_ON,
+    ParentBased,
+    TraceIdRatioBased,
+)
+from opentelemetry.sdk.trace.sampling import Sampler as SdkSampler
+from opentelemetry.trace import (
+    NonRecordingSpan,
+    SpanContext,
+    SpanKind,
+    StatusCode,
+    TraceFlags,
+    get_current_span,
+    set_span_in_context,
+)
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from prometheus_client import CollectorRegistry
 from routing_fixtures import MODEL, SERVED, make_fleet, pipeline, request
 from test_costs import endpoint
@@ -24,7 +44,12 @@ from fleetgate.gateway.telemetry.logs import RequestLog
 from fleetgate.gateway.telemetry.metrics import GatewayMetrics
 from fleetgate.gateway.telemetry.otlp import OtlpHttpExporter as Http
 from fleetgate.gateway.telemetry.recorder import TelemetryObserver
-from fleetgate.gateway.telemetry.tracing import Tracing, exporters_from_env
+from fleetgate.gateway.telemetry.tracing import (
+    Tracing,
+    exporters_from_env,
+    parse_traceparent,
+    sampler_from_env,
+)
 
 ENDPOINT = "http://127.0.0.1:4318"
 
@@ -72,11 +97,9 @@ CALLER_SPAN = "b7ad6b7169203331"
 
 def _traced_request() -> tuple[list[ReadableSpan], list[dict[str, str]]]:
     memory = InMemorySpanExporter()
-    provider = TracerProvider(shutdown_on_exit=False)
-    processor = SimpleSpanProcessor(memory)
-    provider.add_span_processor(processor)
+    tracing = Tracing(Resource.create({}), sampler_from_env({}), [memory])
     observer = TelemetryObserver(GatewayMetrics(CollectorRegistry()), CostLedger(),
-                                 RequestLog(None), Tracing(provider, [processor]), lambda _: 0.0)
+                                 RequestLog(None), tracing, lambda _: 0.0)
     live = make_fleet()
     decision = pipeline("cost", slo={"ttft_ms": 2000, "tpot_ms": 100}).route(
         request(), live.snapshot(1.0))
@@ -97,7 +120,7 @@ def _traced_request() -> tuple[list[ReadableSpan], list[dict[str, str]]]:
             attempt.finished(AttemptResult(200, {"prompt_tokens": 7, "completion_tokens": 9},
                                            0.25, 1.0, 1.0))
     req.end(200)
-    provider.shutdown()
+    tracing.shutdown()  # exports what is queued
     return list(memory.get_finished_spans()), headers
 
 
@@ -153,38 +176,71 @@ def test_route_span_explains_the_choice() -> None:
 
 
 def test_unsampled_request_writes_no_span_but_tells_the_engine() -> None:
-    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
-
     memory = InMemorySpanExporter()
-    provider = TracerProvider(sampler=ALWAYS_OFF, shutdown_on_exit=False)
-    processor = SimpleSpanProcessor(memory)
-    provider.add_span_processor(processor)
+    tracing = Tracing(Resource.create({}), sampler_from_env({"OTEL_TRACES_SAMPLER": "always_off"}),
+                      [memory])
     lines: list[bytes] = []
     observer = TelemetryObserver(GatewayMetrics(CollectorRegistry()), CostLedger(),
-                                 RequestLog(lines.append), Tracing(provider, [processor]),
-                                 lambda _: 0.0)
+                                 RequestLog(lines.append), tracing, lambda _: 0.0)
     req = request_of(observer, "rid-2", "/v1/chat/completions", request(), None, {})
     attempt = req.attempt(endpoint("h100-vllm", "h100", "nvidia", "vllm", 2.0), SERVED, 0)
     version, trace, _, flags = attempt.headers()["traceparent"].split("-")
     assert version == "00" and not int(flags, 16) & 1  # the engine is told: not sampled
     attempt.finished(AttemptResult(200, None, None, 0.5, 1.0))
     req.end(200)
+    tracing.shutdown()
     assert memory.get_finished_spans() == ()
     assert trace in lines[0].decode()  # the log line still carries the trace id
 
 
-@pytest.mark.parametrize(("value", "arg", "description"), [
-    (None, None, "ParentBased{root:AlwaysOnSampler"),
-    ("always_off", None, "AlwaysOffSampler"),
-    ("traceidratio", "0.25", "TraceIdRatioBased{0.25}"),
-    ("parentbased_traceidratio", "0.5", "ParentBased{root:TraceIdRatioBased{0.5}"),
+@pytest.mark.parametrize(("value", "arg", "sdk"), [
+    (None, None, ParentBased(ALWAYS_ON)),
+    ("always_on", None, ALWAYS_ON),
+    ("always_off", None, ALWAYS_OFF),
+    ("parentbased_always_off", None, ParentBased(ALWAYS_OFF)),
+    ("traceidratio", "0.25", TraceIdRatioBased(0.25)),
+    ("parentbased_traceidratio", "0.5", ParentBased(TraceIdRatioBased(0.5))),
+    ("traceidratio", "1e-9", TraceIdRatioBased(1e-9)),
 ])
-def test_sampler_from_env(value: str | None, arg: str | None, description: str) -> None:
-    from fleetgate.gateway.telemetry.tracing import sampler_from_env
-
+def test_sampler_decides_as_the_sdks(value: str | None, arg: str | None, sdk: SdkSampler) -> None:
+    """fleetgate applies the sampler itself: the SDK's decision on random trace ids, with no
+    caller, a sampled caller and an unsampled one."""
     env = {k: v for k, v in (("OTEL_TRACES_SAMPLER", value), ("OTEL_TRACES_SAMPLER_ARG", arg))
            if v is not None}
-    assert sampler_from_env(env).get_description().startswith(description)
+    mine = sampler_from_env(env)
+    rng = random.Random(3)
+    for _ in range(3000):
+        trace_id = rng.getrandbits(128) or 1
+        for caller in (None, 0x01, 0x00):
+            context = Context()
+            if caller is not None:
+                parent = SpanContext(trace_id, 7, True, TraceFlags(caller))
+                context = set_span_in_context(NonRecordingSpan(parent))
+            expected = sdk.should_sample(context, trace_id, "x").decision.is_sampled()
+            assert mine.sampled(trace_id, caller) == expected, (value, hex(trace_id), caller)
+
+
+@pytest.mark.parametrize("value", [
+    "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+    "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00",
+    " 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-03 ",
+    "01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-more",
+    "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-more",  # 00 has no more
+    "ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+    "00-00000000000000000000000000000000-b7ad6b7169203331-01",
+    "00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01",
+    "00-0AF7651916CD43DD8448EB211C80319C-b7ad6b7169203331-01",
+    "00-0af7651916cd43dd8448eb211c80319-b7ad6b7169203331-01",
+    "00-_af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+    "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331",
+    "", "garbage",
+])
+def test_traceparent_is_read_as_the_sdk_propagator_reads_it(value: str) -> None:
+    found = get_current_span(TraceContextTextMapPropagator().extract(
+        {"traceparent": value})).get_span_context()
+    expected = (found.trace_id, found.span_id, int(found.trace_flags)) if found.is_valid \
+        else None
+    assert parse_traceparent(value) == expected
 
 
 def test_resource_and_batching_come_from_the_given_env() -> None:

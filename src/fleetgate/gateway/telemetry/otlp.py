@@ -7,8 +7,9 @@ writes the same ``ExportTraceServiceRequest`` bytes directly (tests decode them 
 opentelemetry-proto and compare with the SDK encoder's output), caching the encoded form of
 keys and of repeated string attributes, at a few microseconds per span.
 
-It is an ordinary ``SpanExporter`` behind the SDK's ``BatchSpanProcessor`` (export runs on the
-processor's thread, never on the event loop) and reads the standard variables:
+It encodes the gateway's ``SpanRecord`` values as they are, with no SDK object between,
+behind a ``SpanBatcher`` (``spanrecord.py``: export runs on the batcher's thread, never on
+the event loop), and reads the standard variables:
 ``OTEL_EXPORTER_OTLP_(TRACES_)HEADERS``, ``..._TIMEOUT`` (seconds, as the Python SDK reads
 it), ``..._COMPRESSION`` (``gzip`` | ``none``), ``..._CERTIFICATE``,
 ``..._CLIENT_CERTIFICATE`` / ``..._CLIENT_KEY`` for https.
@@ -24,13 +25,14 @@ import http.client
 import logging
 import ssl
 import struct
-from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+from fleetgate.gateway.telemetry.spanrecord import SpanRecord
 
 log = logging.getLogger("fleetgate.otlp")
 
@@ -83,106 +85,104 @@ def _key_value(key: str, value: Any) -> bytes:
 
 
 class SpanEncoder:
-    """ReadableSpans -> ``ExportTraceServiceRequest`` bytes; caches what repeats.
+    """SpanRecords -> ``ExportTraceServiceRequest`` bytes; caches what repeats.
 
     Per field tag: for a float attribute the whole field header is cached by key; a string
     or small int attribute is cached whole by (key, value) in a table that is emptied when
-    it reaches ``_CACHE_LIMIT`` entries (request ids never repeat).
+    it reaches ``_CACHE_LIMIT`` entries (request ids never repeat). The resource and scope
+    wrapping is encoded once per (resource, scope).
     """
 
     def __init__(self) -> None:
         self._strings: dict[bytes, dict[tuple[str, Any], bytes]] = {}  # by field tag
         self._doubles: dict[bytes, dict[str, bytes]] = {}
+        self._bools: dict[tuple[bytes, tuple[str, bool]], bytes] = {}
         self._heads: dict[tuple[str, Any], bytes] = {}
+        self._wrap: tuple[Resource, InstrumentationScope, bytes, bytes, bytes] | None = None
 
-    def request(self, spans: Sequence[ReadableSpan]) -> bytes:
-        resources: dict[int, Any] = {}
-        grouped: dict[int, dict[int, tuple[Any, list[bytes]]]] = defaultdict(dict)
-        for span in spans:
-            resources[id(span.resource)] = span.resource
-            scope = span.instrumentation_scope
-            group = grouped[id(span.resource)].setdefault(id(scope), (scope, []))
-            group[1].append(self.span(span))
-        out = []
-        for rid, scopes in grouped.items():
-            resource = resources[rid]
-            body = _field(b"\x0a", self._attributes(resource.attributes, b"\x0a"))
-            for scope, encoded in scopes.values():
-                body += _field(b"\x12", _scope(scope) + b"".join(_field(b"\x12", s)
-                                                                 for s in encoded)
-                               + (_field(b"\x1a", scope.schema_url.encode())
-                                  if scope is not None and scope.schema_url else b""))
-            if resource.schema_url:
-                body += _field(b"\x1a", resource.schema_url.encode())
-            out.append(_field(b"\x0a", body))
-        return b"".join(out)
+    def request(self, records: Sequence[SpanRecord], resource: Resource,
+                scope: InstrumentationScope) -> bytes:
+        """One ResourceSpans holding one ScopeSpans holding every record."""
+        wrap = self._wrap
+        if wrap is None or wrap[0] is not resource or wrap[1] is not scope:
+            wrap = self._wrap = (
+                resource, scope, _field(b"\x0a", self._attributes(resource.attributes, b"\x0a")),
+                _scope(scope), _field(b"\x1a", scope.schema_url.encode()) if scope.schema_url
+                else b"")
+        spans = b"".join([_field(b"\x12", self.span(r)) for r in records])
+        body = wrap[2] + _field(b"\x12", wrap[3] + spans + wrap[4])
+        if resource.schema_url:
+            body += _field(b"\x1a", resource.schema_url.encode())
+        return _field(b"\x0a", body)
 
-    def span(self, span: ReadableSpan) -> bytes:
-        ctx = span.get_span_context()
-        assert ctx is not None
-        parent = span.parent
-        head = self._heads.get((span.name, span.kind))
+    def span(self, r: SpanRecord) -> bytes:
+        head = self._heads.get((r.name, r.kind))
         if head is None:  # name and kind fields, cached: spans are named per route/model
-            head = self._heads[(span.name, span.kind)] = (
-                _field(b"\x2a", span.name.encode()) + b"\x30" + _varint(span.kind.value + 1))
-        parts = [b"\x0a\x10", ctx.trace_id.to_bytes(16, "big"),
-                 b"\x12\x08", ctx.span_id.to_bytes(8, "big")]
-        if ctx.trace_state:
-            parts.append(_field(b"\x1a", ctx.trace_state.to_header().encode()))
-        if parent is not None:
-            parts += [b"\x22\x08", parent.span_id.to_bytes(8, "big")]
-        parts += [head, _TIMES.pack(0x39, span.start_time or 0, 0x41, span.end_time or 0),
-                  self._attributes(span.attributes, b"\x4a")]
-        for event in span.events:
-            ev = (b"\x09" + _FIXED64.pack(event.timestamp) + _field(b"\x12", event.name.encode())
-                  + self._attributes(event.attributes, b"\x1a"))
+            head = self._heads[(r.name, r.kind)] = (
+                _field(b"\x2a", r.name.encode()) + b"\x30" + _varint(r.kind.value + 1))
+        parts = [b"\x0a\x10", r.trace_id.to_bytes(16, "big"),
+                 b"\x12\x08", r.span_id.to_bytes(8, "big")]
+        if r.parent_id:
+            parts += [b"\x22\x08", r.parent_id.to_bytes(8, "big")]
+        parts += [head, _TIMES.pack(0x39, r.start_ns, 0x41, r.end_ns),
+                  self._attributes(r.attrs, b"\x4a")]
+        for name, ts, attrs in r.events:
+            ev = (b"\x09" + _FIXED64.pack(ts) + _field(b"\x12", name.encode())
+                  + self._attributes(attrs, b"\x1a"))
             parts.append(_field(b"\x5a", ev))
-        status = span.status
-        if status.description or status.status_code.value:
-            msg = _field(b"\x12", status.description.encode()) if status.description else b""
-            if status.status_code.value:
-                msg += b"\x18" + _varint(status.status_code.value)
-            parts.append(_field(b"\x7a", msg))
-        else:
+        if r.error is None:
             parts.append(b"\x7a\x00")  # an empty status, as the SDK encoder writes it
-        parts.append(_REMOTE_PARENT if parent is not None and parent.is_remote else _LOCAL)
+        else:  # message, then code ERROR (2)
+            parts.append(_field(b"\x7a", (_field(b"\x12", r.error.encode()) if r.error
+                                          else b"") + b"\x18\x02"))
+        parts.append(_REMOTE_PARENT if r.remote_parent else _LOCAL)
         return b"".join(parts)
 
     def _attributes(self, attrs: Mapping[str, Any] | None, tag: bytes) -> bytes:
+        """KeyValue fields. Cached whole by (key, value): a string, a small int, a bool (in
+        its own table: True == 1) and a tuple of strings (only those go in, so a lookup
+        with any other tuple misses: no str equals a non-str)."""
         if not attrs:
             return b""
         strings = self._strings.get(tag)
         if strings is None or len(strings) >= _CACHE_LIMIT:
             strings = self._strings[tag] = {}
         doubles = self._doubles.setdefault(tag, {})
-        out = []
+        out: list[bytes] = []
+        append = out.append
         for item in attrs.items():  # the (key, value) tuple doubles as the cache key
             value = item[1]
             kind = type(value)
-            if kind is str or (kind is int and 0 <= value < 4096):
-                found = strings.get(item)
-                if found is None:
-                    found = strings[item] = _field(tag, _key_value(item[0], value))
-                out.append(found)
-            elif kind is float:
+            if kind is float:
                 head = doubles.get(item[0])
                 if head is None:  # tag, length, key, then AnyValue{double}: 9 bytes
                     k = _field(b"\x0a", item[0].encode())
                     head = doubles[item[0]] = tag + _varint(len(k) + 11) + k + b"\x12\x09\x21"
-                out.append(head + _DOUBLE.pack(value))
+                append(head)
+                append(_DOUBLE.pack(value))
+            elif kind is str or kind is tuple or (kind is int and 0 <= value < 4096):
+                found = strings.get(item)
+                if found is None:
+                    found = _field(tag, _key_value(item[0], value))
+                    if kind is not tuple or all(type(v) is str for v in value):
+                        strings[item] = found
+                append(found)
+            elif kind is bool:
+                found = self._bools.get((tag, item))
+                if found is None:
+                    found = self._bools[(tag, item)] = _field(tag, _key_value(item[0], value))
+                append(found)
             else:
-                out.append(_field(tag, _key_value(item[0], value)))
+                append(_field(tag, _key_value(item[0], value)))
         return b"".join(out)
 
 
-def _scope(scope: Any) -> bytes:
-    if scope is None:
-        return _field(b"\x0a", b"")
+def _scope(scope: InstrumentationScope) -> bytes:
     return _field(b"\x0a", _field(b"\x0a", scope.name.encode())
                   + (_field(b"\x12", scope.version.encode()) if scope.version else b""))
 
 
-class OtlpHttpExporter(SpanExporter):
+class OtlpHttpExporter:
     """POSTs ``application/x-protobuf`` exports to ``endpoint`` (``.../v1/traces``)."""
 
     def __init__(self, endpoint: str, headers: Mapping[str, str] | None = None,
@@ -204,8 +204,10 @@ class OtlpHttpExporter(SpanExporter):
         self._conn: http.client.HTTPConnection | None = None
         self.encoder = SpanEncoder()
 
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        body = self.encoder.request(spans)
+    def export(self, records: Sequence[SpanRecord], resource: Resource,
+               scope: InstrumentationScope) -> bool:
+        """POST one batch; False (logged) when the collector refused it or was unreachable."""
+        body = self.encoder.request(records, resource, scope)
         if self._gzip:
             body = gzip.compress(body)
         for _ in range(2):  # a kept-alive connection the collector closed: reconnect once
@@ -219,17 +221,14 @@ class OtlpHttpExporter(SpanExporter):
                 error = str(exc)
                 continue
             if 200 <= resp.status < 300:
-                return SpanExportResult.SUCCESS
+                return True
             log.warning("OTLP export to %s: HTTP %d", self.endpoint, resp.status)
-            return SpanExportResult.FAILURE
+            return False
         log.warning("OTLP export to %s failed: %s", self.endpoint, error)
-        return SpanExportResult.FAILURE
+        return False
 
     def shutdown(self) -> None:
         self._close()
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return True
 
     def _connection(self) -> http.client.HTTPConnection:
         if self._conn is None:

@@ -148,7 +148,7 @@ class RequestTelemetry:
 
     def _trace_id(self) -> str | None:
         if self.spans is not None:
-            return f"{self.spans.trace.server.trace_id:032x}"
+            return f"{self.spans.trace.trace_id:032x}"
         tp = self.traceparent
         return tp[3:35] if tp and len(tp) >= 55 and tp[2] == "-" else None
 

@@ -5,7 +5,7 @@ sampling decision); an unsampled request still gets ids, so the upstream is told
 ``traceparent: ...-00`` (do not sample) and no span is written. Each span is written once,
 when it ends (``Tracing.emit``): the route span when the decision is made, an attempt's
 client span when its outcome is known, the server span when the request ends (for a stream:
-when the stream ends or the client leaves).
+when the stream ends or the client leaves), as a ``SpanRecord`` (``spanrecord.py``).
 
 Names and attributes: ``names.py``; GenAI semantic conventions on the client spans
 (``gen_ai.operation.name``, ``gen_ai.provider.name`` = the engine, ``gen_ai.request.model``
@@ -23,20 +23,19 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from opentelemetry.sdk.trace import Event
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanKind
 
 from fleetgate.gateway.proxy.request import Fallback
 from fleetgate.gateway.telemetry import names as n
 from fleetgate.gateway.telemetry.routespan import decision_attributes
-from fleetgate.gateway.telemetry.tracing import UNSET, Attributes, Trace, Tracing
+from fleetgate.gateway.telemetry.spanrecord import Attributes, SpanRecord
+from fleetgate.gateway.telemetry.tracing import SAMPLED, Trace, Tracing, new_id
 from fleetgate.routing import Decision, Endpoint, RoutingRequest
 
 
-def _status(error_type: str | None, message: str | None) -> Status:
-    if error_type is None:
-        return UNSET
-    return Status(StatusCode.ERROR, (message or error_type)[:500])
+def _error(error_type: str | None, message: str | None) -> str | None:
+    """The span's ERROR status description, None for an unset status."""
+    return None if error_type is None else (message or error_type)[:500]
 
 
 class RequestSpans:
@@ -45,16 +44,17 @@ class RequestSpans:
     def __init__(self, tracing: Tracing, path: str, traceparent: str | None) -> None:
         self.tracing = tracing
         self.name = n.server_span_name(path)
-        self.trace: Trace = tracing.begin(self.name, traceparent)
-        self.sampled = self.trace.sampled
+        self.trace: Trace = tracing.begin(traceparent)
+        self.sampled = bool(self.trace.flags & SAMPLED)
 
     def route(self, decision: Decision, max_tokens: int | None,
               fallback: Fallback | None = None) -> None:
         if self.sampled:
             t = self.trace
-            self.tracing.emit(n.SPAN_ROUTE, SpanKind.INTERNAL, t.child(self.tracing.span_id()),
-                              t.server, decision_attributes(decision, max_tokens, fallback),
-                              t.start_ns, time.time_ns())
+            self.tracing.emit(SpanRecord(
+                n.SPAN_ROUTE, SpanKind.INTERNAL, t.trace_id, new_id(64), t.span_id, False,
+                t.flags, t.start_ns, time.time_ns(),
+                decision_attributes(decision, max_tokens, fallback), None))
 
     def attempt(self, endpoint: Endpoint, served: str, number: int, path: str,
                 routing: RoutingRequest, body: Mapping[str, Any]) -> AttemptSpan:
@@ -63,8 +63,9 @@ class RequestSpans:
     def end(self, attrs: Attributes, error_type: str | None, message: str | None) -> None:
         """Write the server span (only called for a sampled request)."""
         t = self.trace
-        self.tracing.emit(self.name, SpanKind.SERVER, t.server, t.parent, attrs, t.start_ns,
-                          time.time_ns(), _status(error_type, message))
+        self.tracing.emit(SpanRecord(self.name, SpanKind.SERVER, t.trace_id, t.span_id,
+                                     t.parent_id, bool(t.parent_id), t.flags, t.start_ns,
+                                     time.time_ns(), attrs, _error(error_type, message)))
 
 
 class AttemptSpan:
@@ -73,7 +74,7 @@ class AttemptSpan:
     def __init__(self, request: RequestSpans, ep: Endpoint, served: str, number: int,
                  path: str, routing: RoutingRequest, body: Mapping[str, Any]) -> None:
         self.request = request
-        self.span_id = request.tracing.span_id()
+        self.span_id = new_id(64)
         self.start_ns = time.time_ns()
         self.first_ns: int | None = None
         self.ttft_s = 0.0
@@ -102,11 +103,11 @@ class AttemptSpan:
         if error_type is not None:
             self.attrs[n.ERROR_TYPE] = error_type
         events = () if self.first_ns is None else (
-            Event(n.EVENT_FIRST_TOKEN, {n.TTFT_S: self.ttft_s}, self.first_ns),)
-        req = self.request
-        req.tracing.emit(self.name, SpanKind.CLIENT, req.trace.child(self.span_id),
-                         req.trace.server, self.attrs, self.start_ns, time.time_ns(),
-                         _status(error_type, message), events)
+            (n.EVENT_FIRST_TOKEN, self.first_ns, {n.TTFT_S: self.ttft_s}),)
+        t = self.request.trace
+        self.request.tracing.emit(SpanRecord(
+            self.name, SpanKind.CLIENT, t.trace_id, self.span_id, t.span_id, False, t.flags,
+            self.start_ns, time.time_ns(), self.attrs, _error(error_type, message), events))
 
 
 def _attempt_attributes(tracing: Tracing, operation: str, ep: Endpoint, served: str,

@@ -13,64 +13,50 @@ id, no string) unless an exporter is asked for:
   as the spec says. Every value is read from the ``env`` mapping the app passes
   (``os.environ`` in production), so tests configure a gateway without touching theirs.
 
-Nothing global: the ``TracerProvider`` (resource, sampler, id generator, span processors)
-is built here, owned by the app's lifespan and shut down with it (``shutdown_on_exit=False``;
-never set as the global provider); the W3C propagator is used explicitly.
+Nothing global: no ``TracerProvider`` is set or used. The resource, the sampler and the
+span batchers are built here, owned by the app's lifespan and shut down with it.
 
-Spans are recorded lean (``spans.py``): the SDK's ``Tracer.start_span`` costs ~40-80 us a
-span on the reference machine (locks, attribute validation), so a request's spans are
-written once, when each ends, as the SDK's own ``ReadableSpan`` values, with the provider's
-sampler, id generator and resource, and handed to its ``BatchSpanProcessor`` (exported on
-the processor's thread, never on the event loop). BENCHMARKS.md "Tracing overhead" has
-the numbers.
+Lean on the request path (BENCHMARKS.md "Tracing overhead"): the SDK's tracer costs
+~40-80 us a span (locks, attribute validation, context objects), so fleetgate makes its
+ids (``random.getrandbits``, as the SDK's id generator does), reads the caller's
+``traceparent`` (W3C, the SDK propagator's rules) and applies the sampler itself, and
+writes each span once, when it ends, as a ``SpanRecord`` appended to each batcher's queue
+(``spanrecord.py``); everything after that runs on the batchers' threads. The samplers
+are the spec's: ``always_on``, ``always_off``, ``traceidratio`` (the SDK's rule on the
+trace id's low 64 bits), each optionally ``parentbased_`` (a caller's sampled flag decides
+when there is a caller).
 
 May touch: opentelemetry. Must not touch: HTTP, metrics, the request path.
 """
 
 from __future__ import annotations
 
+import random
+import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
-from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import (
-    BatchSpanProcessor,
-    ConsoleSpanExporter,
-    SpanExporter,
-)
-from opentelemetry.sdk.trace.sampling import (
-    ALWAYS_OFF,
-    ALWAYS_ON,
-    ParentBased,
-    Sampler,
-    TraceIdRatioBased,
-)
+from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import (
-    SpanContext,
-    SpanKind,
-    Status,
-    StatusCode,
-    TraceFlags,
-    get_current_span,
-)
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from fleetgate import __version__
 from fleetgate.gateway.telemetry import names as n
-from fleetgate.gateway.telemetry.otlp import http_exporter_from_env
+from fleetgate.gateway.telemetry.otlp import OtlpHttpExporter, http_exporter_from_env
+from fleetgate.gateway.telemetry.spanrecord import SpanBatcher, SpanRecord, sdk_export
 
-Attributes = dict[str, Any]
-UNSET = Status(StatusCode.UNSET)
-_NO_PARENT = Context()
+Exporter = SpanExporter | OtlpHttpExporter
+SAMPLED, RANDOM_TRACE_ID = 0x01, 0x02  # W3C trace flags
+# the SDK propagator's pattern: version, trace id, parent id, flags, then more for a
+# version after 00
+_TRACEPARENT = re.compile(r"\s*([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})"
+                          r"(-.*)?\s*")
 
 
-def exporters_from_env(env: Mapping[str, str]) -> list[SpanExporter]:
+def exporters_from_env(env: Mapping[str, str]) -> list[Exporter]:
     """The span exporters the ``OTEL_*`` variables ask for; empty = tracing off."""
     if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return []
@@ -79,7 +65,7 @@ def exporters_from_env(env: Mapping[str, str]) -> list[SpanExporter]:
         endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or \
             env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
         wanted = "otlp" if endpoint else "none"
-    out: list[SpanExporter] = []
+    out: list[Exporter] = []
     for name in (x.strip().lower() for x in wanted.split(",") if x.strip()):
         if name == "none":
             return []
@@ -93,7 +79,7 @@ def exporters_from_env(env: Mapping[str, str]) -> list[SpanExporter]:
     return out
 
 
-def _otlp_exporter(env: Mapping[str, str]) -> SpanExporter:
+def _otlp_exporter(env: Mapping[str, str]) -> Exporter:
     protocol = (env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
                 or env.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf").strip()
     traces = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
@@ -112,31 +98,41 @@ def _otlp_exporter(env: Mapping[str, str]) -> SpanExporter:
 
 
 def start_tracing(env: Mapping[str, str]) -> Tracing | None:
-    """The provider ``env`` asks for, or None; every ``OTEL_*`` value is read from ``env``."""
+    """The tracing ``env`` asks for, or None; every ``OTEL_*`` value is read from ``env``."""
     exporters = exporters_from_env(env)
     if not exporters:
         return None
-    attrs: Attributes = {"service.name": n.SERVICE_NAME, "service.version": __version__}
+    attrs: dict[str, Any] = {"service.name": n.SERVICE_NAME, "service.version": __version__}
     for item in env.get("OTEL_RESOURCE_ATTRIBUTES", "").split(","):
         key, sep, value = item.partition("=")
         if sep and key.strip():
             attrs[unquote(key.strip())] = unquote(value.strip())
     if env.get("OTEL_SERVICE_NAME"):
         attrs["service.name"] = env["OTEL_SERVICE_NAME"]
-    provider = TracerProvider(sampler=sampler_from_env(env), resource=Resource.create(attrs),
-                              shutdown_on_exit=False)
     bsp: dict[str, Any] = {name: int(env[var]) for name, var in _BSP.items()
                            if env.get(var, "").isdigit()}
-    processors = [BatchSpanProcessor(exporter, **bsp) for exporter in exporters]
-    for processor in processors:
-        provider.add_span_processor(processor)
-    return Tracing(provider, processors)
+    return Tracing(Resource.create(attrs), sampler_from_env(env), exporters, **bsp)
 
 
 _BSP = {"max_queue_size": "OTEL_BSP_MAX_QUEUE_SIZE",
         "schedule_delay_millis": "OTEL_BSP_SCHEDULE_DELAY",
         "max_export_batch_size": "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
         "export_timeout_millis": "OTEL_BSP_EXPORT_TIMEOUT"}
+
+
+@dataclass(frozen=True, slots=True)
+class Sampler:
+    """A root trace is sampled when its trace id's low 64 bits are under ``bound`` (always_on:
+    2**64, always_off: 0); with ``parent_based``, a caller's trace keeps the caller's flag."""
+
+    bound: int
+    parent_based: bool
+    description: str
+
+    def sampled(self, trace_id: int, parent_flags: int | None) -> bool:
+        if parent_flags is not None and self.parent_based:
+            return bool(parent_flags & SAMPLED)
+        return (trace_id & 0xFFFFFFFFFFFFFFFF) < self.bound
 
 
 def sampler_from_env(env: Mapping[str, str]) -> Sampler:
@@ -146,83 +142,94 @@ def sampler_from_env(env: Mapping[str, str]) -> Sampler:
         ratio = float(env.get("OTEL_TRACES_SAMPLER_ARG") or 1.0)
     except ValueError:
         raise ValueError("OTEL_TRACES_SAMPLER_ARG must be a number from 0 to 1") from None
-    roots: dict[str, Sampler] = {"always_on": ALWAYS_ON, "always_off": ALWAYS_OFF,
-                                 "traceidratio": TraceIdRatioBased(min(max(ratio, 0.0), 1.0))}
+    ratio = min(max(ratio, 0.0), 1.0)
+    roots = {"always_on": 1 << 64, "always_off": 0, "traceidratio": round(ratio * (1 << 64))}
     base = name.removeprefix("parentbased_")
     if base not in roots:
         raise ValueError(f"OTEL_TRACES_SAMPLER: {name!r} is not supported (always_on, "
                          "always_off, traceidratio, each optionally parentbased_)")
-    return ParentBased(roots[base]) if name.startswith("parentbased_") else roots[base]
+    described = f"{name}({ratio})" if base == "traceidratio" else name
+    return Sampler(roots[base], name.startswith("parentbased_"), described)
+
+
+def parse_traceparent(value: str) -> tuple[int, int, int] | None:
+    """(trace id, parent span id, flags) of a valid W3C ``traceparent``, else None."""
+    found = _TRACEPARENT.fullmatch(value)
+    if found is None:
+        return None
+    version, trace, span, flags, more = found.groups()
+    if version == "ff" or (version == "00" and more):
+        return None
+    trace_id, span_id = int(trace, 16), int(span, 16)
+    if not trace_id or not span_id:
+        return None
+    return trace_id, span_id, int(flags, 16)
+
+
+def new_id(bits: int) -> int:
+    """A random, non-zero id, as the SDK's ``RandomIdGenerator`` makes them."""
+    while True:
+        value = random.getrandbits(bits)
+        if value:
+            return value
 
 
 @dataclass(slots=True)
 class Trace:
-    """One request's place in a trace: ids, sampling, and when its server span started."""
+    """One request's place in a trace: ids, flags, and when its server span started."""
 
-    server: SpanContext  # the gateway's server span
-    parent: SpanContext | None  # the caller's span, from its traceparent
+    trace_id: int
+    span_id: int  # the gateway's server span
+    parent_id: int  # the caller's span, from its traceparent; 0 when none
+    flags: int  # W3C trace flags ("01" sampled, "02" random trace id)
     start_ns: int
-    flags: str  # the traceparent flags field for this trace ("01" sampled)
-
-    @property
-    def sampled(self) -> bool:
-        return self.server.trace_flags.sampled
-
-    def child(self, span_id: int) -> SpanContext:
-        s = self.server
-        return SpanContext(s.trace_id, span_id, False, s.trace_flags, s.trace_state)
 
     def traceparent(self, span_id: int) -> str:
-        return f"00-{self.server.trace_id:032x}-{span_id:016x}-{self.flags}"
+        return f"00-{self.trace_id:032x}-{span_id:016x}-{self.flags:02x}"
 
 
 class Tracing:
-    """Ids, sampling and span emission with the provider's sampler, ids and resource."""
+    """Ids, sampling, and finished spans handed to one batcher per exporter."""
 
-    def __init__(self, provider: TracerProvider, processors: Sequence[Any]) -> None:
-        self.provider = provider
-        self.resource = provider.resource
+    def __init__(self, resource: Resource, sampler: Sampler, exporters: Sequence[Exporter],
+                 **bsp: Any) -> None:
+        self.resource = resource
         self.scope = InstrumentationScope(n.TRACER_NAME, __version__)
-        self._ids = provider.id_generator
-        self._sampler = provider.sampler
-        self._propagator = TraceContextTextMapPropagator()
-        self._on_end = [p.on_end for p in processors]
+        self.sampler = sampler
+        self.batchers = [SpanBatcher(self._export_of(ex), ex.shutdown, **bsp)
+                         for ex in exporters]
+        self._on_end = [b.on_end for b in self.batchers]
         self.servers: dict[str, tuple[str, int | None]] = {}  # url -> (host, port)
 
-    def begin(self, name: str, traceparent: str | None) -> Trace:
+    def _export_of(self, exporter: Exporter) -> Any:
+        if isinstance(exporter, OtlpHttpExporter):
+            resource, scope = self.resource, self.scope
+            return lambda records: exporter.export(records, resource, scope)
+        return sdk_export(exporter, self.resource, self.scope)
+
+    def begin(self, traceparent: str | None) -> Trace:
         """A new server span: continue the caller's trace if any, ask the sampler."""
-        parent = None
-        context = _NO_PARENT  # explicit: the sampler must not look at the ambient context
-        if traceparent:
-            context = self._propagator.extract({"traceparent": traceparent})
-            found = get_current_span(context).get_span_context()
-            parent = found if found.is_valid else None
+        parent = parse_traceparent(traceparent) if traceparent else None
         if parent is None:
-            trace_id, random_id = self._ids.generate_trace_id(), self._ids.is_trace_id_random()
-            context = _NO_PARENT
+            trace_id = new_id(128)
+            flags = RANDOM_TRACE_ID | (SAMPLED if self.sampler.sampled(trace_id, None) else 0)
+            parent_id = 0
         else:
-            trace_id, random_id = parent.trace_id, parent.trace_flags.random_trace_id
-        result = self._sampler.should_sample(context, trace_id, name, SpanKind.SERVER)
-        flags = TraceFlags.SAMPLED if result.decision.is_sampled() else TraceFlags.DEFAULT
-        if random_id:
-            flags |= TraceFlags.RANDOM_TRACE_ID
-        server = SpanContext(trace_id, self._ids.generate_span_id(), False, TraceFlags(flags),
-                             result.trace_state)
-        return Trace(server, parent, time.time_ns(), f"{flags:02x}")
+            trace_id, parent_id, theirs = parent
+            flags = (theirs & RANDOM_TRACE_ID) | \
+                (SAMPLED if self.sampler.sampled(trace_id, theirs) else 0)
+        return Trace(trace_id, new_id(64), parent_id, flags, time.time_ns())
 
-    def span_id(self) -> int:
-        return self._ids.generate_span_id()
-
-    def emit(self, name: str, kind: SpanKind, context: SpanContext, parent: SpanContext | None,
-             attrs: Attributes, start_ns: int, end_ns: int, status: Status = UNSET,
-             events: Sequence[Event] = ()) -> None:
-        """Hand one finished span to the span processors (they queue it for export)."""
-        span = ReadableSpan(name, context, parent, self.resource, attrs, events, (), kind,
-                            None, status, start_ns, end_ns, self.scope)
+    def emit(self, record: SpanRecord) -> None:
+        """Queue one finished span for each exporter."""
         for on_end in self._on_end:
-            on_end(span)
+            on_end(record)
+
+    def force_flush(self) -> bool:
+        """Export what is queued (blocking: call it off the event loop)."""
+        return all([b.force_flush() for b in self.batchers])
 
     def shutdown(self) -> None:
         """Flush queued spans and stop the exporters (blocking: call it off the loop)."""
-        self.provider.shutdown()
-
+        for b in self.batchers:
+            b.shutdown()

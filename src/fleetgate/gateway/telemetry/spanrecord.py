@@ -1,0 +1,141 @@
+"""A finished span as the gateway writes it, and the batches that carry it to an exporter.
+
+A ``SpanRecord`` is one tuple of plain values (ids as ints, the attribute dict, the status
+as an error description or None). The request path builds it and appends it to each
+``SpanBatcher``'s queue; nothing else happens there. The batcher's thread hands whole
+batches to the exporter: fleetgate's OTLP/HTTP exporter (``otlp.py``) encodes the records
+as they are; an SDK exporter (console, gRPC, the SDK's in-memory one in tests) gets them as
+the SDK's ``ReadableSpan`` values (``to_readable``), converted on that thread.
+
+``SpanBatcher`` keeps the batch span processor's contract and reads the same
+``OTEL_BSP_*`` settings: a queue of at most ``max_queue_size`` spans (a span that finds it
+full is dropped and counted), exported in batches of at most ``max_export_batch_size``
+every ``schedule_delay_millis`` or as soon as a batch is full, and what is queued exported
+at ``force_flush`` and ``shutdown``.
+
+May touch: threads, opentelemetry's span and exporter types. Must not touch: the request
+path beyond ``on_end``, HTTP.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+log = logging.getLogger("fleetgate.tracing")
+
+Attributes = dict[str, Any]
+UNSET = Status(StatusCode.UNSET)
+
+
+class SpanRecord(NamedTuple):
+    name: str
+    kind: SpanKind
+    trace_id: int
+    span_id: int
+    parent_id: int  # 0: a root span
+    remote_parent: bool  # the parent came in the caller's traceparent
+    flags: int  # W3C trace flags, as told to the engine
+    start_ns: int
+    end_ns: int
+    attrs: Attributes
+    error: str | None  # the status: None = unset, else ERROR with this description
+    events: tuple[tuple[str, int, Attributes], ...] = ()  # (name, time in ns, attributes)
+
+
+def to_readable(r: SpanRecord, resource: Resource,
+                scope: InstrumentationScope) -> ReadableSpan:
+    """The SDK's value for a record, as the SDK's own tracer would have made it."""
+    flags = TraceFlags(r.flags)
+    parent = SpanContext(r.trace_id, r.parent_id, r.remote_parent, flags) \
+        if r.parent_id else None
+    status = UNSET if r.error is None else Status(StatusCode.ERROR, r.error)
+    events = [Event(name, attrs, ts) for name, ts, attrs in r.events]
+    return ReadableSpan(r.name, SpanContext(r.trace_id, r.span_id, False, flags), parent,
+                        resource, r.attrs, events, (), r.kind, None, status, r.start_ns,
+                        r.end_ns, scope)
+
+
+def sdk_export(exporter: SpanExporter, resource: Resource,
+               scope: InstrumentationScope) -> Callable[[list[SpanRecord]], bool]:
+    """A batcher's export function for an SDK exporter."""
+
+    def export(records: list[SpanRecord]) -> bool:
+        spans = [to_readable(r, resource, scope) for r in records]
+        return exporter.export(spans) == SpanExportResult.SUCCESS
+
+    return export
+
+
+class SpanBatcher:
+    def __init__(self, export: Callable[[list[SpanRecord]], bool],
+                 shutdown: Callable[[], None] = lambda: None, max_queue_size: int = 2048,
+                 schedule_delay_millis: float = 5000, max_export_batch_size: int = 512,
+                 export_timeout_millis: float = 30000) -> None:
+        # export_timeout_millis is accepted and not used, as by the SDK's processor: the
+        # exporter has its own timeout (OTEL_EXPORTER_OTLP_TIMEOUT)
+        if not 0 < max_export_batch_size <= max_queue_size or schedule_delay_millis <= 0:
+            raise ValueError("OTEL_BSP_*: the export batch must be at most the queue size, "
+                             "and the delay positive")
+        self._export, self._close = export, shutdown
+        self._queue: deque[SpanRecord] = deque()
+        self._limit, self._batch = max_queue_size, max_export_batch_size
+        self._delay_s = schedule_delay_millis / 1000
+        self._wake = threading.Event()
+        self._lock = threading.Lock()  # one export at a time, in queue order
+        self._stopped = False
+        self.dropped = 0
+        self._thread = threading.Thread(target=self._run, name="fleetgate-spans", daemon=True)
+        self._thread.start()
+
+    def on_end(self, record: SpanRecord) -> None:
+        queue = self._queue
+        if len(queue) >= self._limit:
+            self.dropped += 1
+            if self.dropped == 1 or not self.dropped % 10_000:
+                log.warning("span queue full (%d): %d spans dropped so far", self._limit,
+                            self.dropped)
+            return
+        queue.append(record)
+        if len(queue) == self._batch:
+            self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stopped:
+            self._wake.wait(self._delay_s)
+            self._wake.clear()
+            self._drain()
+
+    def _drain(self) -> bool:
+        ok = True
+        with self._lock:
+            queue = self._queue
+            while queue:
+                batch = [queue.popleft() for _ in range(min(len(queue), self._batch))]
+                try:
+                    ok = self._export(batch) and ok
+                except Exception:  # an exporter's bug must not kill the thread
+                    log.exception("span export failed")
+                    ok = False
+        return ok
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """Export everything queued now (blocking: call it off the event loop)."""
+        return self._drain()
+
+    def shutdown(self) -> None:
+        self._stopped = True
+        self._wake.set()
+        self._thread.join()
+        self._drain()
+        self._close()
+
