@@ -76,7 +76,7 @@ def test_batcher_exports_in_batches_and_drops_past_its_queue() -> None:
             done.set()
         return True
 
-    batcher = SpanBatcher(export, max_queue_size=6, max_export_batch_size=2,
+    batcher = SpanBatcher([export], max_queue_size=6, max_export_batch_size=2,
                           schedule_delay_millis=60_000)
     for r in RECORDS[:4]:  # a full batch wakes the thread: no waiting for the delay
         batcher.on_end(r)
@@ -88,9 +88,11 @@ def test_batcher_exports_in_batches_and_drops_past_its_queue() -> None:
     assert batcher.dropped == 2 * len(RECORDS) - 6
     assert batcher.force_flush()
     assert sum(map(len, got)) == 10
-    batcher.on_end(RECORDS[0])
+    later = _record("later", 9, attrs={"now": 1}, later=lambda: {"then": 2.5})
+    batcher.on_end(later)
     batcher.shutdown()  # exports what is queued, then stops the thread
     assert sum(map(len, got)) == 11 and not batcher._thread.is_alive()
+    assert got[-1] == [later] and later.attrs == {"now": 1, "then": 2.5}  # made before export
 
 
 class Receiver:

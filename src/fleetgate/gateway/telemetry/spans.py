@@ -18,6 +18,7 @@ decisions. Must not touch: metrics, costs, HTTP.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -53,8 +54,8 @@ class RequestSpans:
             t = self.trace
             self.tracing.emit(SpanRecord(
                 n.SPAN_ROUTE, SpanKind.INTERNAL, t.trace_id, new_id(64), t.span_id, False,
-                t.flags, t.start_ns, time.time_ns(),
-                decision_attributes(decision, max_tokens, fallback), None))
+                t.flags, t.start_ns, time.time_ns(), {}, None, (),
+                functools.partial(decision_attributes, decision, max_tokens, fallback)))
 
     def attempt(self, endpoint: Endpoint, served: str, number: int, path: str,
                 routing: RoutingRequest, body: Mapping[str, Any]) -> AttemptSpan:

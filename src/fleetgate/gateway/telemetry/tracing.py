@@ -46,7 +46,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from fleetgate import __version__
 from fleetgate.gateway.telemetry import names as n
 from fleetgate.gateway.telemetry.otlp import OtlpHttpExporter, http_exporter_from_env
-from fleetgate.gateway.telemetry.spanrecord import SpanBatcher, SpanRecord, sdk_export
+from fleetgate.gateway.telemetry.spanrecord import SpanBatcher, sdk_export
 
 Exporter = SpanExporter | OtlpHttpExporter
 SAMPLED, RANDOM_TRACE_ID = 0x01, 0x02  # W3C trace flags
@@ -189,16 +189,17 @@ class Trace:
 
 
 class Tracing:
-    """Ids, sampling, and finished spans handed to one batcher per exporter."""
+    """Ids, sampling, and finished spans handed to the batcher (one thread for every
+    exporter)."""
 
     def __init__(self, resource: Resource, sampler: Sampler, exporters: Sequence[Exporter],
                  **bsp: Any) -> None:
         self.resource = resource
         self.scope = InstrumentationScope(n.TRACER_NAME, __version__)
         self.sampler = sampler
-        self.batchers = [SpanBatcher(self._export_of(ex), ex.shutdown, **bsp)
-                         for ex in exporters]
-        self._on_end = [b.on_end for b in self.batchers]
+        self.batcher = SpanBatcher([self._export_of(ex) for ex in exporters],
+                                   [ex.shutdown for ex in exporters], **bsp)
+        self.emit = self.batcher.on_end  # queue one finished span for the exporters
         self.servers: dict[str, tuple[str, int | None]] = {}  # url -> (host, port)
 
     def _export_of(self, exporter: Exporter) -> Any:
@@ -220,16 +221,10 @@ class Tracing:
                 (SAMPLED if self.sampler.sampled(trace_id, theirs) else 0)
         return Trace(trace_id, new_id(64), parent_id, flags, time.time_ns())
 
-    def emit(self, record: SpanRecord) -> None:
-        """Queue one finished span for each exporter."""
-        for on_end in self._on_end:
-            on_end(record)
-
     def force_flush(self) -> bool:
         """Export what is queued (blocking: call it off the event loop)."""
-        return all([b.force_flush() for b in self.batchers])
+        return self.batcher.force_flush()
 
     def shutdown(self) -> None:
         """Flush queued spans and stop the exporters (blocking: call it off the loop)."""
-        for b in self.batchers:
-            b.shutdown()
+        self.batcher.shutdown()
