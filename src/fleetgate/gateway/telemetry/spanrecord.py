@@ -111,21 +111,27 @@ class SpanBatcher:
                             self.dropped)
             return
         queue.append(record)
-        if len(queue) == self._batch:
+        if len(queue) >= self._batch and not self._wake.is_set():
             self._wake.set()
 
     def _run(self) -> None:
         while not self._stopped:
-            self._wake.wait(self._delay_s)
+            full = self._wake.wait(self._delay_s)
             self._wake.clear()
-            self._drain()
+            self._drain(whole=not full)
 
-    def _drain(self) -> bool:
+    def _drain(self, whole: bool = True) -> bool:
+        """Export the spans queued now: every one of them (the delay passed, a flush), or
+        only whole batches (a full batch woke the thread). Spans that come during the export
+        wait for the next turn: exporting them at once sent a POST per few spans at low load
+        and kept the thread busy."""
         ok = True
         with self._lock:
             queue = self._queue
-            while queue:
-                batch = [queue.popleft() for _ in range(min(len(queue), self._batch))]
+            left = len(queue) if whole else len(queue) - len(queue) % self._batch
+            while left > 0:
+                batch = [queue.popleft() for _ in range(min(left, self._batch))]
+                left -= len(batch)
                 if not self._exports:
                     continue
                 for record in batch:
