@@ -158,3 +158,27 @@ def test_export_failures_are_reported_not_raised(receiver: Receiver) -> None:
 def test_bad_exporter_settings_fail_loudly(env: dict[str, str], endpoint: str) -> None:
     with pytest.raises(ValueError):
         http_exporter_from_env(env, endpoint)
+
+
+def test_a_full_batch_exports_whole_batches_only() -> None:
+    """Spans short of a batch wait for the delay or a flush: exporting them at once sent a
+    POST per few spans at low load, without end."""
+    got: list[list[SpanRecord]] = []
+    four = threading.Event()
+
+    def export(batch: list[SpanRecord]) -> bool:
+        got.append(batch)
+        if sum(map(len, got)) >= 4:
+            four.set()
+        return True
+
+    batcher = SpanBatcher([export], max_queue_size=10, max_export_batch_size=2,
+                          schedule_delay_millis=60_000)
+    with batcher._lock:
+        for r in RECORDS[:5]:
+            batcher.on_end(r)
+    assert four.wait(10)
+    with batcher._lock:  # the thread's turn is over
+        assert [len(b) for b in got] == [2, 2] and len(batcher._queue) == 1
+    batcher.shutdown()
+    assert [len(b) for b in got] == [2, 2, 1]
