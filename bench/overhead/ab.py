@@ -9,7 +9,8 @@ to CPU 0; the mock, the OTLP receiver of ``bench/tracing_overhead.py`` and the l
 generator run on CPU 1. Every round measures every (mode, concurrency) on every variant in
 turn, so a slow minute of the machine hits all of them; the table gives the minimum
 (interference only adds time) and the median over rounds, and each ratio to the first
-variant, minimum to minimum and median to median.
+variant, minimum to minimum and median to median; and the median over rounds of each
+window's p50 latency (request written to last byte read).
 
 A variant is ``name=SRC`` or ``name=SRC:VAR=VALUE,VAR=VALUE``; ``RECEIVER`` in a value is
 the receiver's URL. Example, tracing before and after a change::
@@ -63,27 +64,33 @@ def start(variants: list[tuple[str, str, dict[str, str]]], mock_url: str, receiv
     return children
 
 
+Results = dict[tuple[str, str, int], list[tuple[float, float]]]  # (CPU ms/req, p50 ms)
+
+
 async def measure(gateways: list[ro.Child], others: list[ro.Child], modes: list[tuple[str, int]],
-                  rounds: int, window: float) -> dict[tuple[str, str, int], list[float]]:
-    out: dict[tuple[str, str, int], list[float]] = {}
+                  rounds: int, window: float) -> Results:
+    out: Results = {}
     for r in range(rounds):
         for mode, c in modes:
             for gw in gateways:
                 res = await ro.run_scenario(gw.name, gw.url, mode, c, 0.7, window, [gw],
                                             gateways + others)
-                out.setdefault((gw.name, mode, c), []).append(res.cpu_ms[gw.name])
+                out.setdefault((gw.name, mode, c), []).append((res.cpu_ms[gw.name],
+                                                               res.pct(0.5)))
         print(f"round {r + 1}/{rounds}", file=sys.stderr, flush=True)
     return out
 
 
-def table(results: dict[tuple[str, str, int], list[float]], first: str) -> str:
-    lines = ["| variant | mode | c | min ms/req | median | vs first (min / median) | rounds |",
-             "|---|---|--:|--:|--:|--:|---|"]
-    for (name, mode, c), xs in results.items():
-        base = results[(first, mode, c)]
+def table(results: Results, first: str) -> str:
+    lines = ["| variant | mode | c | CPU ms/req min | median | vs first (min / median) | "
+             "p50 ms, median of rounds | CPU per round |", "|---|---|--:|--:|--:|--:|--:|---|"]
+    for (name, mode, c), rows in results.items():
+        xs = [x for x, _ in rows]
+        base = [x for x, _ in results[(first, mode, c)]]
         lo, mid = min(xs), statistics.median(xs)
         ratio = f"{lo / min(base):.2f}x / {mid / statistics.median(base):.2f}x"
-        lines.append(f"| {name} | {mode} | {c} | {lo:.3f} | {mid:.3f} | {ratio} | "
+        p50 = statistics.median(p for _, p in rows)
+        lines.append(f"| {name} | {mode} | {c} | {lo:.3f} | {mid:.3f} | {ratio} | {p50:.3f} | "
                      + " ".join(f"{x:.3f}" for x in xs) + " |")
     return "\n".join(lines)
 

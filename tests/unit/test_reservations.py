@@ -208,6 +208,7 @@ async def run(proxy: ProxyService, enforcer: LimitEnforcer, f: Fleet, stream: bo
         return
     iterator = getattr(response, "body_iterator", None)
     if iterator is None:
+        await asyncio.sleep(0)  # a whole answer's end is told on the loop's next turn
         return
     if cancel:
         await iterator.__anext__()  # the first frame reached the client

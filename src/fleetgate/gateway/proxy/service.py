@@ -138,7 +138,9 @@ class ProxyService:
                     type(exc).__name__)
             raise
         if not isinstance(response, StreamingResponse):  # a stream reports its own end
-            obs.end(response.status_code)
+            # told once the answer is written (the loop's next turn): the request log,
+            # metrics and server span are not what the client waits for (~10 us live)
+            asyncio.get_running_loop().call_soon(obs.end, response.status_code)
         return response
 
     async def _route_and_relay(self, req: ProxyRequest, obs: RequestObserver) -> Response:
