@@ -14,14 +14,14 @@ id, no string) unless an exporter is asked for:
   (``os.environ`` in production), so tests configure a gateway without touching theirs.
 
 Nothing global: no ``TracerProvider`` is set or used. The resource, the sampler and the
-span batchers are built here, owned by the app's lifespan and shut down with it.
+span batcher are built here, owned by the app's lifespan and shut down with it.
 
 Lean on the request path (BENCHMARKS.md "Tracing overhead"): the SDK's tracer costs
 ~40-80 us a span (locks, attribute validation, context objects), so fleetgate makes its
 ids (``random.getrandbits``, as the SDK's id generator does), reads the caller's
 ``traceparent`` (W3C, the SDK propagator's rules) and applies the sampler itself, and
-writes each span once, when it ends, as a ``SpanRecord`` appended to each batcher's queue
-(``spanrecord.py``); everything after that runs on the batchers' threads. The samplers
+writes each span once, when it ends, as a ``SpanRecord`` appended to the batcher's queue
+(``spanrecord.py``); everything after that runs on the batcher's thread. The samplers
 are the spec's: ``always_on``, ``always_off``, ``traceidratio`` (the SDK's rule on the
 trace id's low 64 bits), each optionally ``parentbased_`` (a caller's sampled flag decides
 when there is a caller).
@@ -127,7 +127,6 @@ class Sampler:
 
     bound: int
     parent_based: bool
-    description: str
 
     def sampled(self, trace_id: int, parent_flags: int | None) -> bool:
         if parent_flags is not None and self.parent_based:
@@ -148,8 +147,7 @@ def sampler_from_env(env: Mapping[str, str]) -> Sampler:
     if base not in roots:
         raise ValueError(f"OTEL_TRACES_SAMPLER: {name!r} is not supported (always_on, "
                          "always_off, traceidratio, each optionally parentbased_)")
-    described = f"{name}({ratio})" if base == "traceidratio" else name
-    return Sampler(roots[base], name.startswith("parentbased_"), described)
+    return Sampler(roots[base], name.startswith("parentbased_"))
 
 
 def parse_traceparent(value: str) -> tuple[int, int, int] | None:
