@@ -41,6 +41,7 @@ PUBLIC_8B, SERVED_8B = "llama-3.1-8b", "meta-llama/Llama-3.1-8B-Instruct"
 MESSAGES = [{"role": "user", "content": "hello"}]
 MODELS = {PUBLIC_8B: SERVED_8B}
 CALLER_TRACE, CALLER_SPAN = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+CALLER_STATE = "congo=t61rcWkgMzE, rojo=00f067aa0ba902b7"
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +132,8 @@ def attributes(kvs: Any) -> dict[str, Any]:
 def _send_traffic(gw: Proc, engines: dict[str, Proc]) -> None:
     body = {"model": PUBLIC_8B, "messages": MESSAGES, "max_tokens": 4, "temperature": 0.5}
     resp = httpx.post(gw.url + "/v1/chat/completions", json=body, headers={
-        "traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-01", "x-request-id": "caller-1"})
+        "traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-01", "x-request-id": "caller-1",
+        "tracestate": CALLER_STATE})
     assert resp.status_code == 200
     _faults(engines["vllm"], fail_next=1, fail_status=503)  # one of the next two is retried
     for rid in ("retry-a", "retry-b"):
@@ -183,7 +185,7 @@ def test_traces_reach_an_otlp_receiver(engines: dict[str, Proc], tmp_path: Path)
     _check_aborted(*traces.pop("abort-1"))
     for rid, (server, route, clients) in traces.items():
         _check_trace(rid, server, route, clients, recorded)
-    _check_caller_trace(*traces["caller-1"])
+    _check_caller_trace(*traces["caller-1"], recorded)
     retried = [t for rid, t in traces.items() if rid.startswith("retry") and len(t[2]) == 2]
     assert len(retried) == 1, "exactly one request was retried"
     _check_retried(*retried[0])
@@ -248,9 +250,15 @@ def _check_trace(rid: str, server: Span, route: Span, clients: list[Span],
     assert int(flags, 16) & 1  # sampled
 
 
-def _check_caller_trace(server: Span, route: Span, clients: list[Span]) -> None:
+def _check_caller_trace(server: Span, route: Span, clients: list[Span],
+                        recorded: dict[str, list[dict[str, Any]]]) -> None:
     assert server.trace_id.hex() == CALLER_TRACE and server.parent_span_id.hex() == CALLER_SPAN
     assert attributes(clients[0].attributes)["gen_ai.request.temperature"] == 0.5
+    state = "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7"  # the caller's, without its blanks
+    assert {s.trace_state for s in (server, route, *clients)} == {state}
+    (sent,) = [r["headers"] for rs in recorded.values() for r in rs
+               if r["headers"].get("x-request-id") == "caller-1"]
+    assert sent["tracestate"] == state  # the caller's vendors' state goes on to the engine
 
 
 def _check_retried(server: Span, route: Span, clients: list[Span]) -> None:

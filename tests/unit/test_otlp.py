@@ -49,6 +49,7 @@ RECORDS = [
     _record("root, unsampled flags", 5, 0, flags=0),
     _record("tuples and look-alikes", 6, attrs={"c": 1, "t": ("a", "b"), "m": (1, 2)}),
     _record("look-alikes", 7, attrs={"c": True, "t": ("a", "b"), "m": (True, 2.0)}),
+    _record("a caller's tracestate", 8, 0x77, remote_parent=True, trace_state="a=1,b@c=2"),
 ]
 
 

@@ -252,3 +252,15 @@ async def test_a_pools_api_key_goes_upstream_and_nothing_else_does(key: str | No
     assert headers.get("authorization") == (f"Bearer {key}" if key else None)
     assert key is None or key not in repr(fleet.endpoints[0])  # not in logs or reprs
     assert key is None or key not in repr(fleet.config.pools[0])
+
+
+async def test_with_tracing_off_the_callers_trace_context_goes_on_as_it_came() -> None:
+    backend = FakeBackend({FAST: [Answer(200, b'{"model":"%s","choices":[],"usage":{}}'
+                                         % SERVED.encode())]})
+    proxy, _ = service(backend)
+    req = request()
+    req.traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    req.tracestate = "congo=t61rcWkgMzE"
+    await proxy.handle(req)
+    sent = backend.calls[0][2]
+    assert (sent["traceparent"], sent["tracestate"]) == (req.traceparent, req.tracestate)

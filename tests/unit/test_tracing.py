@@ -28,6 +28,7 @@ from opentelemetry.trace import (
     SpanKind,
     StatusCode,
     TraceFlags,
+    TraceState,
     get_current_span,
     set_span_in_context,
 )
@@ -48,6 +49,7 @@ from fleetgate.gateway.telemetry.tracing import (
     Tracing,
     exporters_from_env,
     parse_traceparent,
+    parse_tracestate,
     sampler_from_env,
 )
 
@@ -241,6 +243,26 @@ def test_traceparent_is_read_as_the_sdk_propagator_reads_it(value: str) -> None:
     expected = (found.trace_id, found.span_id, int(found.trace_flags)) if found.is_valid \
         else None
     assert parse_traceparent(value) == expected
+
+
+@pytest.mark.parametrize("value", [
+    "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7",
+    " congo=t61rcWkgMzE ,\t, rojo=00f067aa0ba902b7,",  # blanks and empty members
+    "tenant@vendor=x y", "a=1,a=2", "Upper=1", "a=trailing ", "a==b", "a=b,garbage",
+    ",".join(f"k{i}=v" for i in range(32)), ",".join(f"k{i}=v" for i in range(33)),
+    "k" * 257 + "=v", "",
+])
+def test_tracestate_is_read_as_the_sdk_reads_it(value: str) -> None:
+    assert parse_tracestate(value) == TraceState.from_header([value]).to_header()
+
+
+def test_the_callers_tracestate_goes_on_with_its_trace_only() -> None:
+    tracing = Tracing(Resource.create({}), sampler_from_env({}), [])
+    caller = f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"
+    assert tracing.begin(caller, "a=1, b=2").state == "a=1,b=2"
+    assert tracing.begin(None, "a=1").state == ""  # no valid parent: a new trace, no state
+    assert tracing.begin("garbage", "a=1").state == ""
+    tracing.shutdown()
 
 
 def test_resource_and_batching_come_from_the_given_env() -> None:

@@ -68,7 +68,8 @@ async def proxy(request: Request, api: Api) -> Response:
                             await state.limits.admit(principal, routing,
                                                      state.generation.fleet.snapshot),
                             principal.priority_for(headers.get("x-priority")),
-                            principal.weight, allowed_models=principal.models)
+                            principal.weight, allowed_models=principal.models,
+                            tracestate=headers.get("tracestate"))
     watch = ClientWatch(request.receive)  # the body is read: the next receive is a disconnect
     try:
         response = await state.proxy.handle(prepared)

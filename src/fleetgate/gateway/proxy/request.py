@@ -50,6 +50,7 @@ class ProxyRequest:
     allowed_models: frozenset[str] | None = None  # the caller's key's models (None: any)
     # set while a fallback model is tried (``routing.model`` is then that model)
     fallback: Fallback | None = None
+    tracestate: str | None = None  # the caller's W3C ``tracestate``, passed on with its trace
 
     @property
     def path(self) -> str:

@@ -354,9 +354,11 @@ def _first_byte_limit(ex: Exchange, attempt: Attempt) -> float | None:
 def _upstream_headers(req: ProxyRequest, attempt: Attempt) -> dict[str, str]:
     headers = {"content-type": "application/json", "x-request-id": req.request_id,
                **attempt.ep.auth_headers}
-    if req.traceparent:
+    if req.traceparent:  # the caller's trace, passed on as it came (tracing off)
         headers["traceparent"] = req.traceparent
-    headers.update(attempt.observer.headers())
+        if req.tracestate:
+            headers["tracestate"] = req.tracestate
+    headers.update(attempt.observer.headers())  # tracing on: the attempt's span instead
     return headers
 
 

@@ -122,6 +122,8 @@ class SpanEncoder:
                 _field(b"\x2a", r.name.encode()) + b"\x30" + _varint(r.kind.value + 1))
         parts = [b"\x0a\x10", r.trace_id.to_bytes(16, "big"),
                  b"\x12\x08", r.span_id.to_bytes(8, "big")]
+        if r.trace_state:
+            parts.append(_field(b"\x1a", r.trace_state.encode()))
         if r.parent_id:
             parts += [b"\x22\x08", r.parent_id.to_bytes(8, "big")]
         parts += [head, _TIMES.pack(0x39, r.start_ns, 0x41, r.end_ns),

@@ -102,7 +102,8 @@ class RequestTelemetry:
         self.last: AttemptTelemetry | None = None
         self.ended = False
         self.spans = None if hub.tracing is None else RequestSpans(hub.tracing, req.path,
-                                                                    req.traceparent)
+                                                                    req.traceparent,
+                                                                    req.tracestate)
 
     def routed(self, decision: Decision) -> None:
         self.routing = self.proxied.routing  # a fallback's: charged to the model that serves

@@ -33,7 +33,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
 log = logging.getLogger("fleetgate.tracing")
 
@@ -55,17 +55,19 @@ class SpanRecord(NamedTuple):
     error: str | None  # the status: None = unset, else ERROR with this description
     events: tuple[tuple[str, int, Attributes], ...] = ()  # (name, time in ns, attributes)
     later: Callable[[], Attributes] | None = None  # more attributes, made before the export
+    trace_state: str = ""  # the caller's W3C tracestate, as the SDK writes it ("": none)
 
 
 def to_readable(r: SpanRecord, resource: Resource,
                 scope: InstrumentationScope) -> ReadableSpan:
     """The SDK's value for a record, as the SDK's own tracer would have made it."""
     flags = TraceFlags(r.flags)
-    parent = SpanContext(r.trace_id, r.parent_id, r.remote_parent, flags) \
+    state = TraceState.from_header([r.trace_state]) if r.trace_state else None
+    parent = SpanContext(r.trace_id, r.parent_id, r.remote_parent, flags, state) \
         if r.parent_id else None
     status = UNSET if r.error is None else Status(StatusCode.ERROR, r.error)
     events = [Event(name, attrs, ts) for name, ts, attrs in r.events]
-    return ReadableSpan(r.name, SpanContext(r.trace_id, r.span_id, False, flags), parent,
+    return ReadableSpan(r.name, SpanContext(r.trace_id, r.span_id, False, flags, state), parent,
                         resource, r.attrs, events, (), r.kind, None, status, r.start_ns,
                         r.end_ns, scope)
 

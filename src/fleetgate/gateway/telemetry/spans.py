@@ -42,10 +42,11 @@ def _error(error_type: str | None, message: str | None) -> str | None:
 class RequestSpans:
     __slots__ = ("name", "sampled", "trace", "tracing")
 
-    def __init__(self, tracing: Tracing, path: str, traceparent: str | None) -> None:
+    def __init__(self, tracing: Tracing, path: str, traceparent: str | None,
+                 tracestate: str | None = None) -> None:
         self.tracing = tracing
         self.name = n.server_span_name(path)
-        self.trace: Trace = tracing.begin(traceparent)
+        self.trace: Trace = tracing.begin(traceparent, tracestate)
         self.sampled = bool(self.trace.flags & SAMPLED)
 
     def route(self, decision: Decision, max_tokens: int | None,
@@ -55,7 +56,8 @@ class RequestSpans:
             self.tracing.emit(SpanRecord(
                 n.SPAN_ROUTE, SpanKind.INTERNAL, t.trace_id, new_id(64), t.span_id, False,
                 t.flags, t.start_ns, time.time_ns(), {}, None, (),
-                functools.partial(decision_attributes, decision, max_tokens, fallback)))
+                functools.partial(decision_attributes, decision, max_tokens, fallback),
+                t.state))
 
     def attempt(self, endpoint: Endpoint, served: str, number: int, path: str,
                 routing: RoutingRequest, body: Mapping[str, Any]) -> AttemptSpan:
@@ -66,7 +68,8 @@ class RequestSpans:
         t = self.trace
         self.tracing.emit(SpanRecord(self.name, SpanKind.SERVER, t.trace_id, t.span_id,
                                      t.parent_id, bool(t.parent_id), t.flags, t.start_ns,
-                                     time.time_ns(), attrs, _error(error_type, message)))
+                                     time.time_ns(), attrs, _error(error_type, message), (),
+                                     None, t.state))
 
 
 class AttemptSpan:
@@ -91,7 +94,10 @@ class AttemptSpan:
         return self.attrs is not None
 
     def headers(self) -> dict[str, str]:
-        return {"traceparent": self.request.trace.traceparent(self.span_id)}
+        trace = self.request.trace
+        if trace.state:
+            return {"traceparent": trace.traceparent(self.span_id), "tracestate": trace.state}
+        return {"traceparent": trace.traceparent(self.span_id)}
 
     def first_token(self, ttft_s: float) -> None:
         self.first_ns, self.ttft_s = time.time_ns(), ttft_s
@@ -108,7 +114,8 @@ class AttemptSpan:
         t = self.request.trace
         self.request.tracing.emit(SpanRecord(
             self.name, SpanKind.CLIENT, t.trace_id, self.span_id, t.span_id, False, t.flags,
-            self.start_ns, time.time_ns(), self.attrs, _error(error_type, message), events))
+            self.start_ns, time.time_ns(), self.attrs, _error(error_type, message), events,
+            None, t.state))
 
 
 def _attempt_attributes(tracing: Tracing, operation: str, ep: Endpoint, served: str,

@@ -52,6 +52,10 @@ Exporter = SpanExporter | OtlpHttpExporter
 SAMPLED, RANDOM_TRACE_ID = 0x01, 0x02  # W3C trace flags
 # the SDK propagator's pattern: version, trace id, parent id, flags, then more for a
 # version after 00
+# W3C tracestate list-member: key (simple, or tenant@system) "=" value
+_TRACESTATE_MEMBER = re.compile(
+    r"([a-z][_0-9a-z\-*/]{0,255}|[a-z0-9][_0-9a-z\-*/]{0,240}@[a-z][_0-9a-z\-*/]{0,13})"
+    r"=([\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e])")
 _TRACEPARENT = re.compile(r"\s*([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})"
                           r"(-.*)?\s*")
 
@@ -164,6 +168,23 @@ def parse_traceparent(value: str) -> tuple[int, int, int] | None:
     return trace_id, span_id, int(flags, 16)
 
 
+def parse_tracestate(value: str) -> str:
+    """A W3C ``tracestate`` as the SDK's ``TraceState`` reads and writes it: its members
+    without blanks, or "" when one is malformed, a key repeats or there are over 32. The
+    same rules as the SDK's parser, without its warning per malformed header (a caller
+    could fill the log)."""
+    pairs: dict[str, str] = {}
+    for member in value.split(","):
+        member = member.strip(" \t")
+        if not member:
+            continue
+        found = _TRACESTATE_MEMBER.fullmatch(member)
+        if found is None or found[1] in pairs:
+            return ""
+        pairs[found[1]] = found[2]
+    return "" if len(pairs) > 32 else ",".join(f"{k}={v}" for k, v in pairs.items())
+
+
 def new_id(bits: int) -> int:
     """A random, non-zero id, as the SDK's ``RandomIdGenerator`` makes them."""
     while True:
@@ -181,6 +202,7 @@ class Trace:
     parent_id: int  # the caller's span, from its traceparent; 0 when none
     flags: int  # W3C trace flags ("01" sampled, "02" random trace id)
     start_ns: int
+    state: str = ""  # the caller's tracestate, as the SDK reads and writes it ("": none)
 
     def traceparent(self, span_id: int) -> str:
         return f"00-{self.trace_id:032x}-{span_id:016x}-{self.flags:02x}"
@@ -206,8 +228,10 @@ class Tracing:
             return lambda records: exporter.export(records, resource, scope)
         return sdk_export(exporter, self.resource, self.scope)
 
-    def begin(self, traceparent: str | None) -> Trace:
-        """A new server span: continue the caller's trace if any, ask the sampler."""
+    def begin(self, traceparent: str | None, tracestate: str | None = None) -> Trace:
+        """A new server span: continue the caller's trace if any, ask the sampler. The
+        caller's ``tracestate`` goes on with its trace (W3C: read only with a valid
+        ``traceparent``)."""
         parent = parse_traceparent(traceparent) if traceparent else None
         if parent is None:
             trace_id = new_id(128)
@@ -217,6 +241,9 @@ class Tracing:
             trace_id, parent_id, theirs = parent
             flags = (theirs & RANDOM_TRACE_ID) | \
                 (SAMPLED if self.sampler.sampled(trace_id, theirs) else 0)
+            if tracestate:
+                return Trace(trace_id, new_id(64), parent_id, flags, time.time_ns(),
+                             parse_tracestate(tracestate))
         return Trace(trace_id, new_id(64), parent_id, flags, time.time_ns())
 
     def force_flush(self) -> bool:
