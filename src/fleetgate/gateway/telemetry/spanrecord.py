@@ -13,9 +13,9 @@ the SDK's in-memory one in tests) gets them as the SDK's ``ReadableSpan`` values
 
 ``SpanBatcher`` keeps the batch span processor's contract and reads the same
 ``OTEL_BSP_*`` settings: a queue of at most ``max_queue_size`` spans (a span that finds it
-full is dropped and counted), exported in batches of at most ``max_export_batch_size``
-every ``schedule_delay_millis`` or as soon as a batch is full, and what is queued exported
-at ``force_flush`` and ``shutdown``.
+full is dropped and counted), exported in batches of at most ``max_export_batch_size``:
+whole batches as soon as one is full, everything queued every ``schedule_delay_millis``
+and at ``force_flush`` and ``shutdown``.
 
 May touch: threads, opentelemetry's span and exporter types. Must not touch: the request
 path beyond ``on_end``, HTTP.
