@@ -39,3 +39,29 @@ def _values(registry: CollectorRegistry) -> dict[str, float]:
     lines = generate_latest(registry).decode().splitlines()
     return {name: float(value) for name, _, value in (line.rpartition(" ") for line in lines)
             if not name.startswith("#") and "_created" not in name}
+
+
+def test_tracing_losses_are_counted() -> None:
+    """A span the full queue drops and a batch the collector never got are series, not only
+    a log line: a gateway tracing into an unreachable collector says so on /metrics."""
+    from opentelemetry.trace import SpanKind
+
+    from fleetgate.gateway.settings import Settings
+    from fleetgate.gateway.telemetry import build_telemetry
+    from fleetgate.gateway.telemetry.names import M_SPAN_EXPORT_FAILURES, M_SPANS_DROPPED
+    from fleetgate.gateway.telemetry.spanrecord import SpanRecord
+
+    telemetry = build_telemetry(Settings(), lambda: None, env={  # type: ignore[arg-type,return-value]
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_EXPORTER_OTLP_TIMEOUT": "1",
+        "OTEL_BSP_MAX_QUEUE_SIZE": "2", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "2",
+        "OTEL_BSP_SCHEDULE_DELAY": "60000"})
+    tracing = telemetry.tracing
+    assert tracing is not None
+    record = SpanRecord("x", SpanKind.INTERNAL, 1, 2, 0, False, 1, 1, 2, {}, None)
+    with tracing.batcher._lock:  # the export thread holds off while the queue fills
+        for _ in range(5):
+            tracing.emit(record)
+    tracing.shutdown()  # the two queued spans go out (by the thread or now): refused
+    registry = telemetry.registry
+    assert registry.get_sample_value(f"{M_SPANS_DROPPED}_total") == 3
+    assert registry.get_sample_value(f"{M_SPAN_EXPORT_FAILURES}_total") == 1

@@ -59,6 +59,9 @@ def build_telemetry(settings: Settings, fleet: Callable[[], Fleet],
     registry, metrics = new_registry(fleet)
     ledger = CostLedger()
     tracing = start_tracing(os.environ if env is None else env)
+    if tracing is not None:
+        tracing.batcher.on_drop = metrics.spans_dropped.inc
+        tracing.batcher.on_failure = metrics.span_export_failures.inc
 
     def in_flight(endpoint_id: str) -> float:
         live = fleet().live

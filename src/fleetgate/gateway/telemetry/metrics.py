@@ -166,6 +166,12 @@ class GatewayMetrics:
                             ("pool", "model", "tenant", "outcome"))
         self.gpu_seconds = counter(n.M_GPU_SECONDS, "GPU-seconds charged to requests, all "
                                    "outcomes", ("pool", "model"))
+        # tracing's losses: rare, and counted on the span batcher's thread, so not buffered
+        self.spans_dropped = Counter(n.M_SPANS_DROPPED, "Spans dropped because the span "
+                                     "queue was full (OTEL_BSP_MAX_QUEUE_SIZE)", registry=registry)
+        self.span_export_failures = Counter(n.M_SPAN_EXPORT_FAILURES, "Span batches an "
+                                            "exporter refused or could not send",
+                                            registry=registry)
 
 
 _GAUGES: tuple[tuple[str, str, str], ...] = (

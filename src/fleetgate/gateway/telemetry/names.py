@@ -103,6 +103,8 @@ M_INPUT_TOKENS = "fleetgate_input_tokens"  # counter: pool, model
 M_OUTPUT_TOKENS = "fleetgate_output_tokens"  # counter: pool, model
 M_COST = "fleetgate_cost_usd"  # counter: pool, model, tenant, outcome
 M_GPU_SECONDS = "fleetgate_gpu_seconds"  # counter: pool, model
+M_SPANS_DROPPED = "fleetgate_trace_spans_dropped"  # counter: the span queue was full
+M_SPAN_EXPORT_FAILURES = "fleetgate_trace_export_failures"  # counter: batches not exported
 
 # per-endpoint, read from the live state at scrape time
 M_EP_INFO = "fleetgate_endpoint_info"

@@ -101,6 +101,8 @@ class SpanBatcher:
         self._lock = threading.Lock()  # one export at a time, in queue order
         self._stopped = False
         self.dropped = 0
+        self.on_drop: Callable[[], object] = lambda: None  # a span dropped (queue full)
+        self.on_failure: Callable[[], object] = lambda: None  # a batch an exporter lost
         self._thread = threading.Thread(target=self._run, name="fleetgate-spans", daemon=True)
         self._thread.start()
 
@@ -108,6 +110,7 @@ class SpanBatcher:
         queue = self._queue
         if len(queue) >= self._limit:
             self.dropped += 1
+            self.on_drop()
             if self.dropped == 1 or not self.dropped % 10_000:
                 log.warning("span queue full (%d): %d spans dropped so far", self._limit,
                             self.dropped)
@@ -141,9 +144,12 @@ class SpanBatcher:
                         record.attrs.update(record.later())
                 for export in self._exports:
                     try:
-                        ok = export(batch) and ok
+                        done = export(batch)
                     except Exception:  # an exporter's bug must not kill the thread
                         log.exception("span export failed")
+                        done = False
+                    if not done:
+                        self.on_failure()
                         ok = False
         return ok
 
