@@ -19,7 +19,6 @@ May touch: routing decision values. Must not touch: opentelemetry, HTTP, metrics
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any
 
@@ -49,44 +48,30 @@ def decision_attributes(decision: Decision, max_tokens: int | None,
     if not head:
         return attrs
     endpoints, idx = decision.endpoints, decision.idx.tolist()
+    # a tuple of strings: the OTLP encoder encodes it once per retry order
     attrs[n.ROUTE_ORDER] = tuple([endpoints[idx[k]].id for k in head])
     best = _best_two(decision, head)
     chosen = endpoints[idx[best[0]]]
     attrs[n.ROUTE_CHOSEN_VENDOR] = chosen.vendor
     attrs[n.ROUTE_CHOSEN_ACCELERATOR] = chosen.accelerator
     attrs[n.ROUTE_CHOSEN_ENGINE] = chosen.engine
-    names: list[str] = ["score"] if decision.total is not None else []
-    columns = [decision.total.tolist()] if decision.total is not None else []
-    for name, v in decision.scores.items():
-        names.append("scores." + name)
-        columns.append(v.tolist())
-    estimates = decision.estimates
-    if estimates is not None:
-        names += _ESTIMATE_NAMES
-        columns += [estimates[name].tolist() for name in n.ROUTE_ESTIMATES]
+    columns = [("score", decision.total.tolist())] if decision.total is not None else []
+    columns += [("scores." + name, v.tolist()) for name, v in decision.scores.items()]
+    if decision.estimates is not None:
+        columns += [("estimate." + name, decision.estimates[name].tolist())
+                    for name in n.ROUTE_ESTIMATES]
     for prefix, k in zip((n.ROUTE_CHOSEN, n.ROUTE_RUNNER_UP), best, strict=False):
         ep = endpoints[idx[k]]
-        keys = _keys(prefix, tuple(names))
-        attrs[keys[0]] = ep.id
-        attrs[keys[1]] = ep.pool
-        for key, values in zip(keys[2:], columns, strict=True):
+        attrs[n.route_attr(prefix, "endpoint")] = ep.id
+        attrs[n.route_attr(prefix, "pool")] = ep.pool
+        for name, values in columns:
             value = values[k]
-            if value - value == 0.0:  # finite: inf - inf and NaN are NaN
-                attrs[key] = value
-    if estimates is not None:
-        cost = _estimated_cost(decision, best[0], columns[-len(_ESTIMATE_NAMES):], max_tokens)
-        if cost is not None:
-            attrs[n.ROUTE_ESTIMATED_COST] = cost
+            if math.isfinite(value):
+                attrs[n.route_attr(prefix, name)] = value
+    cost = _estimated_cost(decision, best[0], columns, max_tokens)
+    if cost is not None:
+        attrs[n.ROUTE_ESTIMATED_COST] = cost
     return attrs
-
-
-_ESTIMATE_NAMES = ["estimate." + name for name in n.ROUTE_ESTIMATES]
-
-
-@functools.cache
-def _keys(prefix: str, names: tuple[str, ...]) -> tuple[str, ...]:
-    """The attribute names for ``prefix``: endpoint, pool, then one per column."""
-    return tuple(n.route_attr(prefix, name) for name in ("endpoint", "pool", *names))
 
 
 def _best_two(decision: Decision, head: list[int]) -> list[int]:
@@ -106,15 +91,17 @@ def _best_two(decision: Decision, head: list[int]) -> list[int]:
     return [head[0], int(scored[np.argmax(total[scored])])]
 
 
-def _estimated_cost(decision: Decision, k: int, estimates: list[list[float]],
+def _estimated_cost(decision: Decision, k: int, columns: list[tuple[str, list[float]]],
                     max_tokens: int | None) -> float | None:
     """Replica $/s x predicted e2e / (requests already active + this one).
 
     e2e = TTFT + TPOT x (tokens - 1), as ``routing/estimate.py`` predicts it, from the
-    estimates already read for the span (``ROUTE_ESTIMATES``' order).
+    estimates already read for the span.
     """
-    assert decision.estimates is not None
-    ttft, tpot = estimates[0][k], estimates[1][k]
+    if decision.estimates is None:
+        return None
+    found = dict(columns)
+    ttft, tpot = found["estimate.ttft_s"][k], found["estimate.tpot_s"][k]
     e2e = ttft + tpot * ((max_tokens or DEFAULT_MAX_TOKENS) - 1)
     active = float(decision.estimates["active"][k])
     if not (math.isfinite(e2e) and math.isfinite(active)):
