@@ -67,16 +67,23 @@ def test_encoder_matches_the_sdk_encoder(records: list[SpanRecord], resource: Re
         assert mine == _sdk(records, resource)
 
 
-def test_batcher_exports_in_batches_and_drops_past_its_queue() -> None:
-    got: list[list[SpanRecord]] = []
-    done = threading.Event()
+class Collect:
+    """An export function that keeps the batches and says when ``until`` spans came."""
 
-    def export(batch: list[SpanRecord]) -> bool:
-        got.append(batch)
-        if sum(map(len, got)) >= 4:
-            done.set()
+    def __init__(self, until: int) -> None:
+        self.got: list[list[SpanRecord]] = []
+        self.until, self.done = until, threading.Event()
+
+    def __call__(self, batch: list[SpanRecord]) -> bool:
+        self.got.append(batch)
+        if sum(map(len, self.got)) >= self.until:
+            self.done.set()
         return True
 
+
+def test_batcher_exports_in_batches_and_drops_past_its_queue() -> None:
+    export = Collect(until=4)
+    got, done = export.got, export.done
     batcher = SpanBatcher([export], max_queue_size=6, max_export_batch_size=2,
                           schedule_delay_millis=60_000)
     for r in RECORDS[:4]:  # a full batch wakes the thread: no waiting for the delay
@@ -164,15 +171,8 @@ def test_bad_exporter_settings_fail_loudly(env: dict[str, str], endpoint: str) -
 def test_a_full_batch_exports_whole_batches_only() -> None:
     """Spans short of a batch wait for the delay or a flush: exporting them at once sent a
     POST per few spans at low load, without end."""
-    got: list[list[SpanRecord]] = []
-    four = threading.Event()
-
-    def export(batch: list[SpanRecord]) -> bool:
-        got.append(batch)
-        if sum(map(len, got)) >= 4:
-            four.set()
-        return True
-
+    export = Collect(until=4)
+    got, four = export.got, export.done
     batcher = SpanBatcher([export], max_queue_size=10, max_export_batch_size=2,
                           schedule_delay_millis=60_000)
     with batcher._lock:
