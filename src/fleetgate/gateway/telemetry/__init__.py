@@ -2,19 +2,24 @@
 
 ``build_telemetry(settings, fleet, env)`` is called once by the app's lifespan; the
 ``Telemetry`` it returns owns everything (a private metrics registry, the cost ledger, the
-tracer provider when ``OTEL_*`` asks for one) and is closed with the app. Its ``observer``
-is handed to ``ProxyService``: the request path only ever sees the ``Observer`` seam of
-``gateway/proxy/observer.py``. Modules:
+tracing and its span batcher when ``OTEL_*`` asks for them) and is closed with the app. Its
+``observer`` is handed to ``ProxyService``: the request path only ever sees the
+``Observer`` seam of ``gateway/proxy/observer.py``. Modules:
 
 | module | holds |
 |---|---|
 | ``names.py`` | every span, attribute and metric name |
-| ``observer.py`` | the ``Observer`` implementation (request -> attempts -> end) |
-| ``tracing.py`` / ``routespan.py`` | OpenTelemetry setup from ``OTEL_*``; the spans |
+| ``recorder.py`` | the ``Observer`` implementation (request -> attempts -> end) |
+| ``tracing.py`` | tracing from ``OTEL_*``: exporters, sampler, ids, the caller's trace context |
+| ``spans.py`` / ``routespan.py`` | one request's span records; the route span's attributes |
+| ``spanrecord.py`` | the span record, its batcher (the export thread), the SDK conversion |
+| ``otlp.py`` | the lean OTLP/HTTP exporter |
 | ``metrics.py`` | the per-request series and the scrape-time per-endpoint collector |
-| ``costs.py`` | the attribution rule and the ledger behind ``GET /admin/costs`` |
+| ``scaling.py`` / ``spend.py`` | scrape-time series of the scaler; of budgets and shadow spend |
 | ``logs.py`` | the one-JSON-line-per-request log |
 | ``routes.py`` | ``GET /metrics`` |
+
+The cost rule and the ledger behind ``GET /admin/costs`` are ``gateway/costs.py``.
 
 May touch: gateway fleet and settings, telemetry libraries. Must not touch: the request
 path (it only receives calls through the seam).
