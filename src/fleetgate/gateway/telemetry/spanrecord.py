@@ -86,10 +86,8 @@ def sdk_export(exporter: SpanExporter, resource: Resource,
 class SpanBatcher:
     def __init__(self, exports: Sequence[Callable[[list[SpanRecord]], bool]],
                  shutdowns: Sequence[Callable[[], None]] = (), max_queue_size: int = 2048,
-                 schedule_delay_millis: float = 5000, max_export_batch_size: int = 512,
-                 export_timeout_millis: float = 30000) -> None:
-        # export_timeout_millis is accepted and not used, as by the SDK's processor: the
-        # exporter has its own timeout (OTEL_EXPORTER_OTLP_TIMEOUT)
+                 schedule_delay_millis: float = 5000, max_export_batch_size: int = 512
+                 ) -> None:
         if not 0 < max_export_batch_size <= max_queue_size or schedule_delay_millis <= 0:
             raise ValueError("OTEL_BSP_*: the export batch must be at most the queue size, "
                              "and the delay positive")
@@ -153,7 +151,7 @@ class SpanBatcher:
                         ok = False
         return ok
 
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
+    def force_flush(self) -> bool:
         """Export everything queued now (blocking: call it off the event loop)."""
         return self._drain()
 

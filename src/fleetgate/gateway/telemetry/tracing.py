@@ -118,10 +118,11 @@ def start_tracing(env: Mapping[str, str]) -> Tracing | None:
     return Tracing(Resource.create(attrs), sampler_from_env(env), exporters, **bsp)
 
 
+# OTEL_BSP_EXPORT_TIMEOUT is not read (the SDK's processor ignores it too): an export is
+# bounded by its exporter's own timeout, OTEL_EXPORTER_OTLP_TIMEOUT
 _BSP = {"max_queue_size": "OTEL_BSP_MAX_QUEUE_SIZE",
         "schedule_delay_millis": "OTEL_BSP_SCHEDULE_DELAY",
-        "max_export_batch_size": "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
-        "export_timeout_millis": "OTEL_BSP_EXPORT_TIMEOUT"}
+        "max_export_batch_size": "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"}
 
 
 @dataclass(frozen=True, slots=True)
