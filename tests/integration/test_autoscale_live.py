@@ -103,9 +103,10 @@ async def test_a_burst_grows_the_cheapest_pool_and_quiet_shrinks_the_dear_one(
             await tick(state)
             state.scaler.tick()
             shrunk = await _scaling(http, url)
-            if shrunk["h200-sglang"]["ready"] == 0 and shrunk[grown]["ready"] == 1 and \
-                    not any(p["draining"] for p in shrunk.values()):
-                break
+            settled = shrunk["h200-sglang"]["desired"] == 0 and shrunk[grown]["desired"] == 1
+            if settled and shrunk["h200-sglang"]["ready"] == 0 and \
+                    shrunk[grown]["ready"] == 1 and not any(p["draining"] for p in shrunk.values()):
+                break  # the scaler wants what is there: the burst's demand has decayed
             await asyncio.sleep(0.25)
         print("after the quiet:", {n: (p["desired"], p["ready"], p["draining"], p["reason"])
                                    for n, p in shrunk.items()})
