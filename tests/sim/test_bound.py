@@ -15,7 +15,14 @@ from fleetgate.config.loader import load_config
 from fleetgate.emulator.config import EmulatorConfig
 from fleetgate.sim.bound import PoolCapacity, lower_bound
 from fleetgate.sim.capacity import TARGET, Capacity, Mix, busy_share, replica_capacity
-from fleetgate.sim.run import bound_json, dumps, simulate
+from fleetgate.sim.run import (
+    bound_json,
+    dumps,
+    pool_capacities,
+    simulate,
+    workload_mix,
+    workload_requests,
+)
 from fleetgate.sim.workload import Workload, load_workload
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -177,3 +184,35 @@ def test_the_provisioned_bound_pays_the_floors_then_the_cheapest_capacity_per_bi
     assert found.usd == pytest.approx(3.0 / HOUR * 120 + 1.0 / HOUR * 90)
     # more than every ceiling makes: no bound
     assert provisioned_bound(POOLS, {"dear": 1}, [1e9], bin_s=60.0) is None
+
+
+def test_a_policy_that_smooths_each_replicas_arrivals_does_not_undercut_the_bound() -> None:
+    # A 70B with short answers under a TPOT SLO: a short answer misses when another
+    # prompt's prefill lands in its few steps. round_robin over four replicas spaces each
+    # one's arrivals (gaps with CV 1/2) and holds the SLO at 0.7 requests/s a replica, where
+    # one replica fed Poisson arrivals holds 99% only to ~0.3: measured at the workload's own
+    # arrivals, "these pools cannot make the tokens with 99% within the SLO" and the bound
+    # fell back to 90%, beside a policy that made them at 99.5% (elsewhere such a bound was
+    # 1.4x a policy's usd: bench/scenario_fuzz.py, case 29). At evenly spaced arrivals it
+    # exists at 99% and stays below.
+    served = {"llama-3.1-70b": "meta-llama/Llama-3.1-70B-Instruct-FP8"}
+    slo = {"ttft_ms": 9354, "tpot_ms": 65}
+    config = fleet(pool("mi325x", "emulated://vllm/mi325x", 4, price=3.21, models=served),
+                   policies={"round_robin": {"strategy": "round_robin"}})
+    work = Workload.model_validate({
+        "duration_s": 240, "slo": slo, "arrivals": {"process": "poisson", "rate_per_s": 3.2},
+        "requests": {"model": "llama-3.1-70b",
+                     "input_tokens": {"dist": "lognormal", "mean": 1636, "cv": 0.5,
+                                      "max": 6000},
+                     "output_tokens": {"dist": "exponential", "mean": 110, "max": 550}}})
+    report = simulate(config, work, seed=7).as_json()
+    run = report["policies"]["round_robin"]
+    bound = report["lower_bound"]
+    assert run["slo_attainment"] >= TARGET, run["slo_attainment"]
+    assert bound["slo_attainment"] == TARGET
+    assert 0 < bound["usd"] <= run["usd"], (bound, run["usd"])
+    # the workload's own (Poisson) arrivals give one replica less than round_robin ran
+    requests, _ = workload_requests(work, 7, None)
+    poisson = pool_capacities(config, workload_mix(work, requests), 7)["mi325x"]
+    ran = run["pools"]["mi325x"]["requests"] / 240 / 4
+    assert poisson.rate_per_s < ran < report["capacity"]["mi325x"]["rate_per_s"]

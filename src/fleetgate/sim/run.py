@@ -5,7 +5,7 @@ router built with the run's seed, the same requests (drawn once from the seed, o
 a trace), the same faults; then ``summary.summarize``. Policies share nothing, so each is
 one task of a ``parallel.Runner`` (``--jobs``: one process per policy) and the report is
 the same bytes whatever the number of processes. Beside the policies, the lower bound
-(``bound.py``) from each pool's SLO capacity on this workload (``capacity.py``): the
+(``bound.py``) from each pool's SLO capacity on this workload (``bound_capacities``): the
 self-hosted pools' (a hosted API priced per token is left out of the bound: it is what
 the self-hosted fleet could not carry, at someone else's price). Autoscaled
 pools are scaled by ``fleetgate.scaling`` on the router's own (learned) SLO capacity.
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -119,6 +119,25 @@ def pool_capacities(config: FleetConfig, mix: Mix, seed: int, target: float = TA
     return {pool.name: cap for pool, cap in zip(own, caps, strict=True)}
 
 
+def bound_capacities(config: FleetConfig, mix: Mix, seed: int, target: float = TARGET,
+                     runner: Runner | None = None, per_busy_s: bool = True,
+                     ) -> dict[str, Capacity]:
+    """What the lower bound gives one replica of each pool: the better of its capacity at
+    evenly spaced arrivals and at the workload's own (more output tokens per busy second;
+    with ``per_busy_s`` False, per second, for the provisioned bound).
+
+    A router shapes each replica's arrivals: spreading them smooths them (a short answer
+    then rarely shares its few steps with another prompt's prefill, and fewer prompts
+    queue), so a bound measured only at the workload's arrivals was undercut by policies
+    within the SLO (round_robin, by 1.4x, on a 70B with short answers); keeping a burst
+    together batches it (more tokens per busy second, then idle), so evenly spaced alone was
+    above some bursty workloads' (``capacity.py``; BENCHMARKS.md, issue 22)."""
+    mixes = [replace(mix, cv=0.0)] + ([mix] if mix.cv > 0 else [])
+    found = [pool_capacities(config, m, seed, target, runner) for m in mixes]
+    rate = (lambda c: c.tokens_per_busy_s) if per_busy_s else (lambda c: c.tokens_per_s)
+    return {name: max((caps[name] for caps in found), key=rate) for name in found[0]}
+
+
 def policy_run(config: FleetConfig, workload: Workload, requests: RequestSet, policy: str,
                seed: int, duration: float) -> tuple[Outcomes, dict[str, Any]]:
     """One policy over a fresh fleet: its outcomes and its ``policies.NAME`` summary (a
@@ -155,7 +174,7 @@ def simulate(config: FleetConfig, workload: Workload, policies: list[str] | None
     mix = workload_mix(workload, requests, probe_requests)
     futures = [runner.submit(name, policy_run, config, workload, requests, name, seed,
                              duration) for name in names]
-    capacities = pool_capacities(config, mix, seed, runner=runner)
+    capacities = bound_capacities(config, mix, seed, runner=runner)
     runs = []
     for name, future in zip(names, futures, strict=True):
         out, summary = future.result()
@@ -164,9 +183,10 @@ def simulate(config: FleetConfig, workload: Workload, policies: list[str] | None
     tokens = int(judged.output_tokens.sum())
     best = max(float(run.summary["slo_attainment"]) for run in runs) if runs else 0.0
     bound = bound_json(config, capacities, tokens, duration, best,
-                       lambda target: pool_capacities(config, mix, seed, target))
+                       lambda target: bound_capacities(config, mix, seed, target))
     if any(p.autoscale for p in config.pools):
-        bound.update(provisioned_json(config, capacities, judged, duration))
+        steady = bound_capacities(config, mix, seed, runner=runner, per_busy_s=False)
+        bound.update(provisioned_json(config, steady, judged, duration))
     return Report(seed, duration, judged, runs, capacities, bound)
 
 
