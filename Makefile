@@ -62,6 +62,16 @@ soak: $(VENV)/.installed-dev  ## 10 minutes of mixed load, a fault every 30 s, t
 fidelity: $(VENV)/.installed-dev  ## 12 cells, live vs simulated, ~16 min -> bench/results/fidelity.md
 	$(BIN)/python bench/fidelity_matrix.py
 
+# --- the cost router on fleets nobody tuned on (issue 22); make test runs a short random case
+.PHONY: scenarios scenario-fuzz
+FUZZ_SCENARIOS ?= 40
+
+scenarios: $(VENV)/.installed-dev  ## the scenario matrix, 26 cells x 3 policies, ~5 min -> bench/results/scenarios.md
+	$(BIN)/python bench/scenarios.py --json bench/results/scenarios.json --markdown bench/results/scenarios.md
+
+scenario-fuzz: $(VENV)/.installed-dev  ## random fleets and workloads, ~4 min -> bench/results/scenario_fuzz.md
+	$(BIN)/python bench/scenario_fuzz.py --cases $(FUZZ_SCENARIOS) --json bench/results/scenario_fuzz.json --markdown bench/results/scenario_fuzz.md
+
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache src/*.egg-info
 
