@@ -190,6 +190,27 @@ def test_a_replica_takes_no_fewer_requests_per_second_where_prompts_may_take_mor
     assert caps[0] < caps[-1], caps  # the share binds at 0.3, B_slo from 0.4
 
 
+def test_a_replicas_capacity_is_not_what_the_tick_leaves_of_it() -> None:
+    """A packed replica's queue is the load the capacity is for, not a loss of it: read at
+    the tick's load, its TTFT counted the queue and the capacity fell with the packing (the
+    cost router's B200 swung between 6.6 and 40 requests/s, and the scaler bought the
+    dearest pool instead)."""
+    cfg = parse_config(FLEET, "fleet.yaml", {})
+    live = live_fleet(fleet_endpoints(cfg))
+    for i in range(2):
+        live.on_probe(i, 0.0, True, "ok")
+    for k in range(50):  # the workload: 1,500-token prompts, 300-token answers
+        sample = live.on_dispatch(k % 2, 0.1 * k, 0.1, 1500)
+        live.on_finish(k % 2, 0.1 * k, 300, 5.0, 0.02, sample)
+    pools = scaled_pools(cfg, live.endpoints, {"h100"})
+    (idle,) = observe(live, pools, scaling_slo(cfg), 5.0)
+    for k in range(400):  # both replicas packed far past their batch, prompts pouring in
+        live.on_dispatch(k % 2, 5.0, 0.1, 1500)
+    (packed,) = observe(live, pools, scaling_slo(cfg), 5.0)
+    assert packed.active > 300 and idle.capacity > 0
+    assert packed.capacity == pytest.approx(idle.capacity)
+
+
 def test_the_packing_follows_how_the_group_holds_its_slo() -> None:
     """A group that holds its SLO with room to spare is packed up to its replicas' whole
     capacity; one that misses over the budget goes back to its target utilization."""

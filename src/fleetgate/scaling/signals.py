@@ -25,12 +25,19 @@ class's learned speed (``k_tpot``, ``k_ttft``: learned from every finished reque
 latency), and, under a TPOT SLO, at most what the router's own prefill share bound lets in
 at a steady rate (``STEADY_PREFILL_SHARE`` of a replica's time on prompts: the router bounds
 the share of the last second at ``MAX_SLO_PREFILL_SHARE``, which a steady stream of prompts
-cannot fill, as arrivals come in clumps), ``_capacity``. 0.5 was chosen by measurement on
-the matrix's autoscaled cells (BENCHMARKS.md, issue 23: the bill 15-19% lower than at 0.4,
-the SLO held; 0.6 and 0.7 no lower). Measured on the scenario fleets before: with B_slo
-alone the scaler bought half the replicas the router fills on 1,500-token prompts (amd-cheap
-at 60% load: 93.8% within the SLO; 99.1% with the share bound); with the learned knee of
-``state/slo_capacity.py`` in place of the prior's B_slo, the H100 class's capacity swung
+cannot fill, as arrivals come in clumps), ``_capacity``. The estimates are read for an
+idle replica (``IDLE_ROWS``): the load a rate makes is what the Little's-law loop models.
+Read at the tick's load, a packed replica's queue entered its TTFT and its capacity fell
+with the packing: on a random fleet (``bench/scenario_fuzz.py --autoscale``, case 15) the
+B200 pool's swung between 6.6 and 40 requests/s from tick to tick under the cost router,
+the scaler bought the dearest pool to its ceiling, the router left it idle, and cost's bill
+was 1.12x least_loaded's; read idle, 0.62x (BENCHMARKS.md, issue 23). The steady share's
+0.5 was chosen by measurement on the matrix's autoscaled cells (BENCHMARKS.md, issue 23: the
+bill 15-19% lower than at 0.4, the SLO held; 0.6 and 0.7 no lower). Measured on the
+scenario fleets before: with B_slo alone the scaler bought half the replicas the router
+fills on 1,500-token prompts (amd-cheap at 60% load: 93.8% within the SLO; 99.1% with the
+share bound); with the learned knee of ``state/slo_capacity.py`` in place of the prior's
+B_slo, the H100 class's capacity swung
 between 7 and 60 from one tick to the next under the cost router's packing and the bill
 followed it (nvidia-cheap at 60%, 900 s: $10.46 against $6.26 with the prior, both 99.0%
 within the SLO).
@@ -68,6 +75,9 @@ DEFAULT_PROMPT_TOKENS = 1000  # a request shape before the gateway has seen any
 STEADY_PREFILL_SHARE = 0.5  # of a replica's time on prompts, at a steady rate
 MAX_STEADY_SHARE = 0.95  # without a TPOT SLO: prompts may take nearly all of it
 _READY = HEALTH_CODES["ready"]
+# The load rows, read as an idle replica's: ``running`` models the load of each rate itself.
+IDLE_ROWS = ("active", "queued", "kv_usage", "prefill_tokens_per_s",
+             "recent_prefill_tokens_per_s")
 
 
 @dataclass
@@ -167,6 +177,8 @@ def _capacity(live: LiveFleet, snap: Snapshot, idx: IntArray, request: RoutingRe
     capacity smaller than at 0.5, BENCHMARKS.md, issue 23)."""
     rows = snap.live.copy()  # the prior's B_slo (corrected by k_tpot, k_ttft), not the knee
     rows[LIVE_ROW["slo_limit"]] = np.nan
+    for name in IDLE_ROWS:  # a replica's capacity, not what is left of it at this instant
+        rows[LIVE_ROW[name]] = 0.0
     est = Estimates(replace(snap, live=rows), idx, request, slo)
     caps = np.asarray(est["slo_capacity"], dtype=float)
     n, g = float(request.prompt_tokens_estimate), float(request.max_tokens or 1)
