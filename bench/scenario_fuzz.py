@@ -1,8 +1,8 @@
 """Random fleets and workloads nobody tuned on: the cost router against least_loaded and
 round_robin, cell by cell, where the scenario matrix (``bench/scenarios.py``) is fixed.
 
-    PYTHONPATH=src python bench/scenario_fuzz.py [--cases 24] [--seed 7] [--jobs N]
-        [--json OUT] [--markdown OUT]
+    PYTHONPATH=src python bench/scenario_fuzz.py [--cases 40] [--seed 7] [--jobs N]
+        [--autoscale] [--json OUT] [--markdown OUT]
 
 Each case draws, from ``--seed`` and its index only (so a case is reproducible alone):
 
@@ -20,8 +20,14 @@ the matrix) for the three policies. A case *fails* when the cost router is under
 the SLO where least_loaded reaches it, or pays more busy $/Mtok than least_loaded or
 round_robin where either of those reaches 99% (the product's claim: never worse), or when a
 policy within the SLO pays less than the lower bound (then it is no bound); the matrix's
-finer targets are printed per case, not judged. Simulated, virtual time: the same
-table on any machine.
+finer targets are printed per case, not judged.
+
+``--autoscale``: the same cases with every pool autoscaling (``bench/autoscale.py``'s
+settings: one to twice its replicas, 60 s cold start and scale-down delay, target 0.7,
+starting from its configured count) for 15 minutes, judged on the bill (provisioned $):
+cost under 99% where least_loaded holds it, a bill above a policy's that holds 99%, or a
+policy within the SLO under ``lower_bound.provisioned_usd``. Simulated, virtual time: the
+same table on any machine.
 """
 
 from __future__ import annotations
@@ -38,15 +44,18 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from scenarios import run_cell  # bench/ is not a package: the path above finds it
+from autoscale import autoscaled  # bench/ is not a package: the path above finds them
+from scenarios import run_cell
 
-GPUS = ("mi300x", "mi325x", "mi355x", "h100", "h200", "b200")
-PRICES = {"mi300x": 2.00, "mi325x": 2.25, "mi355x": 3.00, "h100": 2.95, "h200": 3.60,
-          "b200": 6.00}
+from fleetgate.catalog.gpus import GPUS
+
+DRAWN = ("mi300x", "mi325x", "mi355x", "h100", "h200", "b200")  # the catalog's, in draw order
 SMALL_MEMORY = ("h100",)  # a 70B FP8 needs two of these per replica
 MODELS = {"8b": ("llama-3.1-8b", "meta-llama/Llama-3.1-8B-Instruct"),
           "70b": ("llama-3.1-70b", "meta-llama/Llama-3.1-70B-Instruct-FP8")}
 POLICIES = ["cost", "least_loaded", "round_robin"]
+AUTOSCALE_S = 900.0
+AUTOSCALE_TARGET = 0.7
 
 
 def draw_case(seed: int, index: int) -> dict[str, Any]:
@@ -55,12 +64,13 @@ def draw_case(seed: int, index: int) -> dict[str, Any]:
     big = rng.random() < 0.25
     model, served = MODELS["70b" if big else "8b"]
     pools = []
-    for gpu in rng.sample(GPUS, rng.randint(2, 5)):
+    for gpu in rng.sample(DRAWN, rng.randint(2, 5)):
         engine = rng.choice(("vllm", "sglang"))
         count = rng.randint(1, 6)
         pool: dict[str, Any] = {
             "name": f"{gpu}-{engine}", "accelerator": gpu, "engine": engine,
-            "price_per_gpu_hour": round(PRICES[gpu] * rng.uniform(0.6, 1.5), 2),
+            "price_per_gpu_hour": round(GPUS[gpu].default_price_per_gpu_hour
+                                        * rng.uniform(0.6, 1.5), 2),
             "endpoints": [f"emulated://{engine}/{gpu}#{i + 1}" for i in range(count)],
             "models": {model: served}}
         if big and gpu in SMALL_MEMORY:
@@ -95,18 +105,66 @@ def draw_case(seed: int, index: int) -> dict[str, Any]:
             "load": round(rng.uniform(0.2, 0.9), 2)}
 
 
-def run_case(case: dict[str, Any], seed: int) -> dict[str, Any]:
+def run_case(case: dict[str, Any], seed: int, autoscale: bool = False) -> dict[str, Any]:
+    """One case's row (``fixed_row`` or ``autoscaled_row``) and the claims it fails."""
+    try:
+        row = autoscaled_row(case, seed) if autoscale else fixed_row(case, seed)
+    except Exception as exc:  # a case the simulator refuses is a finding, not a crash
+        return {"index": case["index"], "error": f"{type(exc).__name__}: {exc}"}
+    row["index"] = case["index"]
+    row["failures"] = bill_failures(row) if autoscale else failures(row)
+    return row
+
+
+def fixed_row(case: dict[str, Any], seed: int) -> dict[str, Any]:
+    """The case's fixed fleet: ``bench/scenarios.py``'s cell."""
     with tempfile.TemporaryDirectory(prefix="fleetgate-fuzz-") as tmp:
         name = f"case{case['index']}"
         (Path(tmp) / f"{name}-fleet.yaml").write_text(yaml.safe_dump(case["config"]))
         (Path(tmp) / f"{name}-work.yaml").write_text(yaml.safe_dump(case["workload"]))
-        try:
-            row = run_cell(f"{name}-fleet", f"{name}-work", case["load"], POLICIES, seed, tmp)
-        except Exception as exc:  # a case the simulator refuses is a finding, not a crash
-            return {"index": case["index"], "error": f"{type(exc).__name__}: {exc}"}
-    row["index"] = case["index"]
-    row["failures"] = failures(row)
-    return row
+        return run_cell(f"{name}-fleet", f"{name}-work", case["load"], POLICIES, seed, tmp)
+
+
+def autoscaled_row(case: dict[str, Any], seed: int) -> dict[str, Any]:
+    """The case's fleet autoscaling, at the rate its fixed fleet's capacity gives the load."""
+    from fleetgate.config.schema import FleetConfig
+    from fleetgate.sim.run import pool_capacities, simulate, workload_mix, workload_requests
+    from fleetgate.sim.workload import Workload
+
+    fixed = FleetConfig.model_validate(case["config"])
+    workload = Workload.model_validate(case["workload"])
+    requests, _ = workload_requests(workload, seed, None)
+    caps = pool_capacities(fixed, workload_mix(workload, requests), seed)
+    rate = round(case["load"] * sum(caps[p.name].rate_per_s * len(p.endpoints)
+                                    for p in fixed.pools), 3)
+    arrivals = workload.arrivals.model_copy(update={"rate_per_s": rate})
+    workload = workload.model_copy(update={"arrivals": arrivals, "duration_s": AUTOSCALE_S})
+    scaled = FleetConfig.model_validate(autoscaled(case["config"], AUTOSCALE_TARGET))
+    report = simulate(scaled, workload, POLICIES, AUTOSCALE_S, seed).as_json()
+    return {"load": case["load"], "rate_per_s": rate, "requests": report["requests"],
+            "bound_provisioned_usd": report["lower_bound"].get("provisioned_usd"),
+            "policies": {name: {"slo": p["slo_attainment"],
+                                "provisioned_usd": p["provisioned_usd"], "shed": p["shed"]}
+                         for name, p in report["policies"].items()}}
+
+
+def bill_failures(row: dict[str, Any]) -> list[str]:
+    """``failures`` for autoscaled fleets, on the bill."""
+    pol = row["policies"]
+    cost = pol["cost"]
+    out = []
+    if pol["least_loaded"]["slo"] >= 0.99 and cost["slo"] < 0.99:
+        out.append(f"SLO {cost['slo']:.2%} where least_loaded {pol['least_loaded']['slo']:.2%}")
+    for other in ("least_loaded", "round_robin"):
+        o = pol[other]
+        if o["slo"] >= 0.99 and cost["provisioned_usd"] > o["provisioned_usd"] * 1.001:
+            out.append(f"bill {cost['provisioned_usd'] / o['provisioned_usd']:.2f}x {other}'s")
+    bound = row["bound_provisioned_usd"]
+    for name, o in pol.items():
+        if bound and o["slo"] >= 0.99 and o["provisioned_usd"] < bound:
+            out.append(f"{name}'s bill {o['provisioned_usd'] / bound:.2f}x the bound at "
+                       f"{o['slo']:.2%}")
+    return out
 
 
 def failures(row: dict[str, Any]) -> list[str]:
@@ -170,12 +228,38 @@ def markdown(cases: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def bill_markdown(cases: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
+    lines = ["| # | case | load | cost: SLO, bill | least_loaded | round_robin | cost/LL | "
+             "cost/RR | cost/bound | fails |", "|---" * 10 + "|"]
+    for case, row in zip(cases, rows, strict=True):
+        if "error" in row:
+            lines.append(f"| {case['index']} | {describe(case)} | {case['load']:.0%} | "
+                         f"error: {row['error']} ||||||")
+            continue
+        p = row["policies"]
+        shown = {n: f"{v['slo']:.2%}, ${v['provisioned_usd']:.2f}" for n, v in p.items()}
+        bill = p["cost"]["provisioned_usd"]
+        bound = row["bound_provisioned_usd"]
+        lines.append(
+            f"| {case['index']} | {describe(case)} | {case['load']:.0%} | {shown['cost']} | "
+            f"{shown['least_loaded']} | {shown['round_robin']} | "
+            f"{bill / p['least_loaded']['provisioned_usd']:.2f} | "
+            f"{bill / p['round_robin']['provisioned_usd']:.2f} | "
+            f"{f'{bill / bound:.2f}' if bound else '—'} | "
+            f"{'; '.join(row['failures']) or 'none'} |")
+    bad = sum(1 for r in rows if "error" in r or r["failures"])
+    lines.append(f"\n{len(rows) - bad} of {len(rows)} cases hold every claim.")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=int, default=24)
     parser.add_argument("--first", type=int, default=0, help="index of the first case")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--autoscale", action="store_true",
+                        help="every pool autoscales; judged on the bill")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args()
@@ -184,8 +268,8 @@ def main() -> int:
     cases = [draw_case(args.seed, i) for i in range(args.first, args.first + args.cases)]
     with Runner(args.jobs, "fuzz cases") as runner:
         rows = runner.map(lambda a: f"case {a[0]['index']}", run_case,
-                          [(case, args.seed) for case in cases])
-    text = markdown(cases, rows)
+                          [(case, args.seed, args.autoscale) for case in cases])
+    text = (bill_markdown if args.autoscale else markdown)(cases, rows)
     print(text)
     if args.json:
         args.json.write_text(json.dumps({"seed": args.seed, "cases": cases, "rows": rows},

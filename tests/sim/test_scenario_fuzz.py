@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from fleetgate.catalog.gpus import GPUS
 from fleetgate.catalog.models import MODEL_PROFILES
 from fleetgate.config.schema import FleetConfig
 from fleetgate.sim.workload import Workload
@@ -29,6 +30,10 @@ def _bench() -> Any:
 
 
 FUZZ = _bench()
+
+
+def test_every_catalog_gpu_is_drawn() -> None:
+    assert sorted(FUZZ.DRAWN) == sorted(GPUS)
 
 
 def test_a_case_is_drawn_from_its_seed_and_index_alone() -> None:
@@ -68,6 +73,20 @@ def test_the_claims_are_judged_only_against_policies_within_the_slo() -> None:
     # a policy within the SLO under the lower bound: then it is no bound
     assert FUZZ.failures(_row((0.995, 1.0), (0.99, 0.7), (0.95, 0.1), 0.8)) == [
         "$/Mtok 1.43x least_loaded", "least_loaded 0.87x the lower bound at 99.00%"]
+
+
+def test_the_bill_claims_of_autoscaled_cases() -> None:
+    def row(cost: tuple[float, float], ll: tuple[float, float],
+            bound: float) -> dict[str, Any]:
+        pol = {name: {"slo": slo, "provisioned_usd": usd} for name, (slo, usd) in
+               (("cost", cost), ("least_loaded", ll), ("round_robin", (0.98, 1.0)))}
+        return {"policies": pol, "bound_provisioned_usd": bound}
+
+    assert FUZZ.bill_failures(row((0.995, 8.0), (0.99, 10.0), 7.0)) == []
+    assert FUZZ.bill_failures(row((0.985, 8.0), (0.99, 10.0), 7.0)) == [
+        "SLO 98.50% where least_loaded 99.00%"]
+    assert FUZZ.bill_failures(row((0.995, 8.0), (0.992, 6.0), 7.0)) == [
+        "bill 1.33x least_loaded's", "least_loaded's bill 0.86x the bound at 99.20%"]
 
 
 def test_a_short_random_case_runs_and_no_policy_within_the_slo_beats_the_bound() -> None:
