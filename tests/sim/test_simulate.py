@@ -10,6 +10,7 @@ import orjson
 import pytest
 from sim_fixtures import fleet, pool, requests, workload
 
+from fleetgate.routing.types import STATIC_ROW
 from fleetgate.sim.fleet import build_fleet
 from fleetgate.sim.loop import Simulation
 from fleetgate.sim.outcomes import FAILED, OK
@@ -126,3 +127,15 @@ def test_a_request_log_replays_through_simulate(tmp_path: Path) -> None:
     assert report["requests"] == 40 and p["completed"] == 40
     assert p["output_tokens"] == 40 * 50
     assert report["duration_s"] == pytest.approx(19.5, abs=1e-3)  # the trace's span
+
+
+def test_the_router_sees_each_engines_reported_capacity_as_live() -> None:
+    # The live collector reads SGLang's max_running_requests at first contact; vLLM does
+    # not report max_num_seqs. Capped at the prior's 256, a simulated SGLang replica was
+    # predicted to queue what its engine runs, and admission shed what it could serve.
+    sim = build_fleet(fleet(pool("s", "emulated://sglang/mi355x", 2),
+                            pool("v", "emulated://vllm/mi355x", 1)))
+    static = sim.live.snapshot(0.0).static
+    assert static[STATIC_ROW["max_batch"]].tolist() == [1024.0, 1024.0, 256.0]
+    engine = sim.replicas[0].engine  # what the emulated engine holds
+    assert static[STATIC_ROW["kv_capacity_tokens"], 0] == engine.kv_capacity_tokens
