@@ -15,8 +15,7 @@ What it keeps, per endpoint:
   counts over ~10 s (``PREFILL_TAU_S``) and ~1 s (``RECENT_PREFILL_TAU_S``), up to date at
   ``prefill_at``: the prompts' share of the engine's time (``routing/estimate.py``, the
   router's prefill share bound) and, with the peers' ``peer_requests_per_s``
-  (``sync.py``), the scaler's demand (``fleetgate.scaling``); ``prompt_tokens_mean`` (what
-  was prefilled), ``context_tokens_mean`` (whole prompts, what KV reads count),
+  (``sync.py``), the scaler's demand (``fleetgate.scaling``); ``prompt_tokens_mean``,
   ``output_tokens_mean`` and ``output_tokens_p2`` (the 2nd percentile of answers): the
   workload's request shape, one value each for the whole fleet.
 - EWMAs (alpha 0.2) of TTFT, TPOT (time per output token after the first), end-to-end
