@@ -83,10 +83,7 @@ def reference(live: LiveFleet, i: int, req: RoutingRequest, slo: Slo,
     base, prefill, k = col("step_base_s"), col("prefill_s_per_token"), col("k_tpot")
     rate = col("prefill_tokens_per_s")
     slow = 1 / (1 - min((0.0 if math.isnan(rate) else rate) * prefill, 0.9))
-    known = col("context_tokens_mean") > 0 and col("output_tokens_mean") > 0
-    others = col("context_tokens_mean") + col("output_tokens_mean") / 2 if known else ctx
-    tpot = k * slow * (base + col("step_per_ctx_token_s")
-                       * (ctx + others * (min(active + 1, b_max) - 1)))
+    tpot = k * slow * (base + col("step_per_ctx_token_s") * ctx * min(active + 1, b_max))
     wait = math.ceil(max(0.0, active + 1 - b_max) / b_max) * tpot * g
     ttft = col("k_ttft") * (base + prefill * n * (1 + col("queued")) + wait) \
         + tpot * n * (1 + col("queued")) / 8192

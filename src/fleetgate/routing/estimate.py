@@ -15,13 +15,7 @@ prior of ``prior.py`` corrected by the learned ``k_tpot``/``k_ttft``:
     rho    = min(prefill_tokens_per_s * prefill_per_token, 0.9)   (the share of the engine's
              time spent on the prompts it was sent lately: chunked prefill shares every step
              with the decodes, so decode steps come 1 / (1 - rho) times slower)
-    tpot   = k_tpot * (step_base + step_per_ctx_token * (C + C_typ * (min(active + 1, B_max)
-             - 1))) / (1 - rho)   (a step reads every running request's KV: this one's C, the
-             others' at the workload's typical C_typ = whole prompt + g_typ/2, the means of
-             ``context_tokens_mean`` and ``output_tokens_mean``; C before any is known.
-             Counting every running request at this one's C told a 2,700-token prompt among
-             700-token ones that 250 of them make an 85 ms step, and admission shed 7% of a
-             load round_robin served within the SLO; BENCHMARKS.md, issue 22)
+    tpot   = k_tpot * (step_base + step_per_ctx_token * C * min(active + 1, B_max)) / (1 - rho)
     wait   = floor(active / B_max) * tpot * g   (a request beyond the running batch waits, at
              worst, for whole generations to free a slot: the running requests may all have
              started together; = ceil(max(0, active + 1 - B_max) / B_max) for whole counts)
@@ -121,7 +115,6 @@ May touch: numpy and routing types. Must not touch: I/O, clocks.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -180,7 +173,7 @@ class Slo:
 _LIVE_IN = np.array([LIVE_ROW[name] for name in (
     "active", "queued", "kv_usage", "k_tpot", "k_ttft", "prefill_tokens_per_s", "slo_limit",
     "slo_knee", "prompt_tokens_mean", "output_tokens_mean", "output_tokens_p2",
-    "recent_prefill_tokens_per_s", "prefill_at", "context_tokens_mean")],
+    "recent_prefill_tokens_per_s", "prefill_at")],
     dtype=np.intp)
 _STATIC_IN = np.array([STATIC_ROW[name] for name in (
     "step_base_s", "step_per_ctx_token_s", "prefill_s_per_token", "kv_capacity_tokens",
@@ -210,17 +203,14 @@ def _prefill_slowdown(prefill_tokens_per_s: float, prefill_s_per_token: float) -
 
 
 def prior_tpot(static: FloatArray, i: int, prompt_tokens: float, output_tokens: float,
-               batch: float, prefill_tokens_per_s: float,
-               others_ctx: float = math.nan) -> float:
-    """The uncorrected prior's TPOT for endpoint ``i`` at ``batch`` running requests, the
-    others at ``others_ctx`` tokens of context each (NaN: this request's): what the learned
-    ``k_tpot`` is measured against (``state/learning.py``)."""
+               batch: float, prefill_tokens_per_s: float) -> float:
+    """The uncorrected prior's TPOT for endpoint ``i`` at ``batch`` running requests: what
+    the learned ``k_tpot`` is measured against (``state/learning.py``)."""
     col = static[:, i]
     full = prompt_tokens + output_tokens
     b_max = _batch_limit(col[_MAX_BATCH], col[_KV_CAP], full)
     ctx = prompt_tokens + output_tokens / 2
-    others = ctx if not others_ctx > 0 else others_ctx
-    step = col[_BASE] + col[_PER_CTX] * (ctx + others * (min(max(batch, 1.0), b_max) - 1.0))
+    step = col[_BASE] + col[_PER_CTX] * ctx * min(max(batch, 1.0), b_max)
     return float(step * _prefill_slowdown(prefill_tokens_per_s, col[_PREFILL]))
 
 
@@ -236,7 +226,7 @@ def _kernel(live: FloatArray, static: FloatArray, live_in: IntArray, static_in: 
     unknown prediction does not fail an SLO nobody set).
     """
     (active_r, queued_r, kv_usage_r, k_tpot_r, k_ttft_r, prefill_rate_r, limit_r, knee_r,
-     typ_n_r, typ_g_r, short_r, recent_r, prefill_at_r, typ_ctx_r) = live_in
+     typ_n_r, typ_g_r, short_r, recent_r, prefill_at_r) = live_in
     base_r, per_ctx_r, prefill_r, kv_cap_r, max_batch_r, usd_r = static_in[:6]
     ctx = n_sent + g / 2
     full = n_sent + g
@@ -251,10 +241,7 @@ def _kernel(live: FloatArray, static: FloatArray, live_in: IntArray, static_in: 
         active, k_tpot = live[active_r, r], live[k_tpot_r, r]
         base, ctx_cost, cap = static[base_r, i], static[per_ctx_r, i] * ctx, static[kv_cap_r, i]
         b_max = _batch_limit(static[max_batch_r, i], cap, full)
-        others = (live[typ_ctx_r, r] + live[typ_g_r, r] / 2
-                  if live[typ_ctx_r, r] > 0 and live[typ_g_r, r] > 0 else ctx)
-        tpot = k_tpot * slow * (base + ctx_cost + static[per_ctx_r, i] * others
-                                * (min(active + 1.0, b_max) - 1.0))
+        tpot = k_tpot * slow * (base + ctx_cost * min(active + 1.0, b_max))
         wait = np.floor(active / b_max) * tpot * g
         prefill = static[prefill_r, i] * n * (live[queued_r, r] + 1.0)
         steps = n * (live[queued_r, r] + 1.0) / PREFILL_STEP_TOKENS  # that share decodes' steps

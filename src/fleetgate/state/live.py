@@ -126,8 +126,7 @@ class LiveFleet:
         self._static = static_columns(self.endpoints, priors)
         self.prefix = PrefixIndex(self.endpoints, self._static[STATIC_ROW["kv_capacity_tokens"]])
         self.adapters = AdapterTable(self.endpoints)  # who holds which LoRA adapter
-        self._seen = {"prompt_tokens_mean": 0, "context_tokens_mean": 0,
-                      "output_tokens_mean": 0}
+        self._seen = {"prompt_tokens_mean": 0, "output_tokens_mean": 0}
         self.k_ttft = Corrections(self._live[_ROW["k_ttft"]])
         self.k_tpot = Corrections(self._live[_ROW["k_tpot"]])
         same = [tuple(self._static[_PRIOR_ROWS, i]) for i in range(n)]
@@ -236,8 +235,6 @@ class LiveFleet:
         self._live[_REQUEST_RATE, i] += 1.0 / PREFILL_TAU_S
         if prompt_tokens:  # the workload's, not the endpoint's: the router's choices bias those
             self._workload_mean("prompt_tokens_mean", prompt_tokens)
-        if whole:
-            self._workload_mean("context_tokens_mean", whole)
         if st.breaker.state == "half_open":
             self._live[_ROW["block_until"], i] = np.inf  # one probe request at a time
             self._derive_usable(i)
@@ -268,10 +265,8 @@ class LiveFleet:
                                      tpot_s)
         if tpot_s is not None and sample is not NO_SAMPLE:
             batch = (sample.active + self._live[_ACTIVE, i]) / 2  # both counts include it
-            others = (self._live[_ROW["context_tokens_mean"], i]
-                      + self._live[_ROW["output_tokens_mean"], i] / 2)  # NaN before any
             prior = prior_tpot(self._static, i, sample.prompt_tokens, output_tokens, batch,
-                               self._live[_ROW["prefill_tokens_per_s"], i], others)
+                               self._live[_ROW["prefill_tokens_per_s"], i])
             self.k_tpot.learn(i, now, tpot_s, prior)
         self._release(i)
         if output_tokens > 0:
