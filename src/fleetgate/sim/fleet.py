@@ -106,9 +106,9 @@ def engine_report(engine: EmulatorConfig) -> tuple[float, float | None]:
     (``backends/capacity.py``), as the live gateway applies it: its KV tokens and, SGLang
     only, its batch cap (``max_running_requests``; vLLM does not report ``max_num_seqs``,
     so the prior's 256 stays, which is vLLM's default). Without it the simulated router
-    capped an SGLang replica at the prior's 256 where the engine runs 1,024, predicted
-    the rest waiting for whole answers, and shed 7% of a load round_robin served within the
-    SLO (BENCHMARKS.md, issue 22)."""
+    capped an SGLang replica at the prior's 256 where the engine runs 1,024 and predicted
+    the rest waiting for whole answers (a planned 5 x MI355X/SGLang fleet: 93.09% within
+    the SLO, round_robin 100%; with it 95.26%, BENCHMARKS.md, issue 22)."""
     sim = engine.build_sim()
     batch = float(sim.scheduler.max_num_seqs) if engine.engine == "sglang" else None
     return float(sim.kv_capacity_tokens), batch

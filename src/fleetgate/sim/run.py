@@ -129,9 +129,10 @@ def bound_capacities(config: FleetConfig, mix: Mix, seed: int, target: float = T
     A router shapes each replica's arrivals: spreading them smooths them (a short answer
     then rarely shares its few steps with another prompt's prefill, and fewer prompts
     queue), so a bound measured only at the workload's arrivals was undercut by policies
-    within the SLO (round_robin, by 1.4x, on a 70B with short answers); keeping a burst
-    together batches it (more tokens per busy second, then idle), so evenly spaced alone was
-    above some bursty workloads' (``capacity.py``; BENCHMARKS.md, issue 22)."""
+    within the SLO (the cost router's $/Mtok was 0.73x it on a 70B with short answers);
+    keeping a burst together batches it (more tokens per busy second, then idle), so evenly
+    spaced alone was above some bursty workloads' (``capacity.py``; BENCHMARKS.md, issue
+    22)."""
     mixes = [replace(mix, cv=0.0)] + ([mix] if mix.cv > 0 else [])
     found = [pool_capacities(config, m, seed, target, runner) for m in mixes]
     rate = (lambda c: c.tokens_per_busy_s) if per_busy_s else (lambda c: c.tokens_per_s)
