@@ -112,7 +112,7 @@ def run_case(case: dict[str, Any], seed: int, autoscale: bool = False) -> dict[s
     except Exception as exc:  # a case the simulator refuses is a finding, not a crash
         return {"index": case["index"], "error": f"{type(exc).__name__}: {exc}"}
     row["index"] = case["index"]
-    row["failures"] = bill_failures(row) if autoscale else failures(row)
+    row["failures"] = failures(row, bill=autoscale)
     return row
 
 
@@ -148,29 +148,11 @@ def autoscaled_row(case: dict[str, Any], seed: int) -> dict[str, Any]:
                          for name, p in report["policies"].items()}}
 
 
-def bill_failures(row: dict[str, Any]) -> list[str]:
-    """``failures`` for autoscaled fleets, on the bill."""
-    pol = row["policies"]
-    cost = pol["cost"]
-    out = []
-    if pol["least_loaded"]["slo"] >= 0.99 and cost["slo"] < 0.99:
-        out.append(f"SLO {cost['slo']:.2%} where least_loaded {pol['least_loaded']['slo']:.2%}")
-    for other in ("least_loaded", "round_robin"):
-        o = pol[other]
-        if o["slo"] >= 0.99 and cost["provisioned_usd"] > o["provisioned_usd"] * 1.001:
-            out.append(f"bill {cost['provisioned_usd'] / o['provisioned_usd']:.2f}x {other}'s")
-    bound = row["bound_provisioned_usd"]
-    for name, o in pol.items():
-        if bound and o["slo"] >= 0.99 and o["provisioned_usd"] < bound:
-            out.append(f"{name}'s bill {o['provisioned_usd'] / bound:.2f}x the bound at "
-                       f"{o['slo']:.2%}")
-    return out
-
-
-def failures(row: dict[str, Any]) -> list[str]:
+def failures(row: dict[str, Any], bill: bool = False) -> list[str]:
     """The claims a cost router must hold on any fleet: never under 99% where least_loaded
     holds it, never dearer than a policy that holds 99%; and the lower bound's: no policy
-    within the SLO under it."""
+    within the SLO under it. Judged on busy $/Mtok, or with ``bill`` on the bill."""
+    money, what = ("provisioned_usd", "bill") if bill else ("usd_per_mtok", "$/Mtok")
     pol = row["policies"]
     cost = pol["cost"]
     out = []
@@ -178,13 +160,12 @@ def failures(row: dict[str, Any]) -> list[str]:
         out.append(f"SLO {cost['slo']:.2%} where least_loaded {pol['least_loaded']['slo']:.2%}")
     for other in ("least_loaded", "round_robin"):
         o = pol[other]
-        if (o["slo"] >= 0.99 and cost["usd_per_mtok"] and o["usd_per_mtok"]
-                and cost["usd_per_mtok"] > o["usd_per_mtok"] * 1.001):
-            out.append(f"$/Mtok {cost['usd_per_mtok'] / o['usd_per_mtok']:.2f}x {other}")
-    bound = row["bound_usd_per_mtok"]
+        if o["slo"] >= 0.99 and cost[money] and o[money] and cost[money] > o[money] * 1.001:
+            out.append(f"{what} {cost[money] / o[money]:.2f}x {other}'s")
+    bound = row["bound_provisioned_usd" if bill else "bound_usd_per_mtok"]
     for name, o in pol.items():
-        if bound and o["slo"] >= 0.99 and o["usd_per_mtok"] and o["usd_per_mtok"] < bound:
-            out.append(f"{name} {o['usd_per_mtok'] / bound:.2f}x the lower bound at "
+        if bound and o["slo"] >= 0.99 and o[money] and o[money] < bound:
+            out.append(f"{name}'s {what} {o[money] / bound:.2f}x the lower bound at "
                        f"{o['slo']:.2%}")
     return out
 
@@ -201,52 +182,29 @@ def describe(case: dict[str, Any]) -> str:
             f"{w['slo']['tpot_ms']} ms")
 
 
-def markdown(cases: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
-    lines = ["| # | case | load | cost SLO | cost $/Mtok | least_loaded | round_robin | "
-             "cost/LL | cost/RR | cost/bound | fails |", "|---" * 11 + "|"]
+def markdown(cases: list[dict[str, Any]], rows: list[dict[str, Any]], bill: bool = False) -> str:
+    """One row a case: each policy's SLO met and busy $/Mtok (with ``bill``, its bill), cost's
+    ratios to the others and to the lower bound, and the claims it fails."""
+    money, bound = (("provisioned_usd", "bound_provisioned_usd") if bill
+                    else ("usd_per_mtok", "bound_usd_per_mtok"))
+    head = ["#", "case", "load", "cost", "least_loaded", "round_robin", "cost/LL", "cost/RR",
+            "cost/bound", "fails"]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+
+    def ratio(a: float | None, b: float | None) -> str:
+        return f"{a / b:.2f}" if a and b else "—"
+
     for case, row in zip(cases, rows, strict=True):
+        first = f"| {case['index']} | {describe(case)} | {case['load']:.0%} |"
         if "error" in row:
-            lines.append(f"| {case['index']} | {describe(case)} | {case['load']:.0%} | "
-                         f"error: {row['error']} |||||||")
+            lines.append(f"{first} error: {row['error']} |" + "|" * (len(head) - 4))
             continue
         p = row["policies"]
-        c, ll, rr = p["cost"], p["least_loaded"], p["round_robin"]
-
-        def ratio(a: float | None, b: float | None) -> str:
-            return f"{a / b:.2f}" if a and b else "—"
-
-        lines.append(
-            f"| {case['index']} | {describe(case)} | {case['load']:.0%} | {c['slo']:.2%} | "
-            f"{c['usd_per_mtok'] or 0:.3f} | {ll['slo']:.2%}, {ll['usd_per_mtok'] or 0:.3f} | "
-            f"{rr['slo']:.2%}, {rr['usd_per_mtok'] or 0:.3f} | "
-            f"{ratio(c['usd_per_mtok'], ll['usd_per_mtok'])} | "
-            f"{ratio(c['usd_per_mtok'], rr['usd_per_mtok'])} | "
-            f"{ratio(c['usd_per_mtok'], row['bound_usd_per_mtok'])} | "
-            f"{'; '.join(row['failures']) or 'none'} |")
-    bad = sum(1 for r in rows if "error" in r or r["failures"])
-    lines.append(f"\n{len(rows) - bad} of {len(rows)} cases hold every claim.")
-    return "\n".join(lines)
-
-
-def bill_markdown(cases: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
-    lines = ["| # | case | load | cost: SLO, bill | least_loaded | round_robin | cost/LL | "
-             "cost/RR | cost/bound | fails |", "|---" * 10 + "|"]
-    for case, row in zip(cases, rows, strict=True):
-        if "error" in row:
-            lines.append(f"| {case['index']} | {describe(case)} | {case['load']:.0%} | "
-                         f"error: {row['error']} ||||||")
-            continue
-        p = row["policies"]
-        shown = {n: f"{v['slo']:.2%}, ${v['provisioned_usd']:.2f}" for n, v in p.items()}
-        bill = p["cost"]["provisioned_usd"]
-        bound = row["bound_provisioned_usd"]
-        lines.append(
-            f"| {case['index']} | {describe(case)} | {case['load']:.0%} | {shown['cost']} | "
-            f"{shown['least_loaded']} | {shown['round_robin']} | "
-            f"{bill / p['least_loaded']['provisioned_usd']:.2f} | "
-            f"{bill / p['round_robin']['provisioned_usd']:.2f} | "
-            f"{f'{bill / bound:.2f}' if bound else '—'} | "
-            f"{'; '.join(row['failures']) or 'none'} |")
+        cost = p["cost"][money]
+        cells = [f"{p[n]['slo']:.2%}, {p[n][money] or 0:.3f}" for n in POLICIES]
+        cells += [ratio(cost, p["least_loaded"][money]), ratio(cost, p["round_robin"][money]),
+                  ratio(cost, row[bound]), "; ".join(row["failures"]) or "none"]
+        lines.append(f"{first} " + " | ".join(cells) + " |")
     bad = sum(1 for r in rows if "error" in r or r["failures"])
     lines.append(f"\n{len(rows) - bad} of {len(rows)} cases hold every claim.")
     return "\n".join(lines)
@@ -254,7 +212,7 @@ def bill_markdown(cases: list[dict[str, Any]], rows: list[dict[str, Any]]) -> st
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", type=int, default=24)
+    parser.add_argument("--cases", type=int, default=40)
     parser.add_argument("--first", type=int, default=0, help="index of the first case")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
@@ -269,7 +227,7 @@ def main() -> int:
     with Runner(args.jobs, "fuzz cases") as runner:
         rows = runner.map(lambda a: f"case {a[0]['index']}", run_case,
                           [(case, args.seed, args.autoscale) for case in cases])
-    text = (bill_markdown if args.autoscale else markdown)(cases, rows)
+    text = markdown(cases, rows, bill=args.autoscale)
     print(text)
     if args.json:
         args.json.write_text(json.dumps({"seed": args.seed, "cases": cases, "rows": rows},

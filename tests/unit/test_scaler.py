@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import Any
 
 import pytest
 
@@ -23,9 +24,10 @@ from fleetgate.scaling import (
     signals,
 )
 from fleetgate.scaling.scaler import DEMAND_WINDOW_S, groups
-from fleetgate.scaling.signals import scaling_slo
+from fleetgate.scaling.signals import ScaledPool, scaling_slo
 from fleetgate.state.admission import REFUSED_TAU_S, Refused
 from fleetgate.state.fleet import fleet_endpoints, live_fleet
+from fleetgate.state.live import LiveFleet
 
 
 def pool(name: str, usd: float, capacity: float, *, ready: int = 1, load: float = 0.0,
@@ -169,18 +171,24 @@ def test_refused_requests_count_as_demand_and_fade() -> None:
     assert other["q"].desired == 0  # another model's refusals are not its demand
 
 
-def test_a_replica_takes_no_fewer_requests_per_second_where_prompts_may_take_more_time(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """The capacity is self-consistent: a rate that B_slo caps is not charged the slowdown
-    of a prefill share it does not reach (with a fixed slowdown, 0.6 gave less than 0.5)."""
+def _warm_fleet(prompt_tokens: int) -> tuple[Any, LiveFleet, list[ScaledPool]]:
+    """FLEET's two H100 replicas, ready, after 50 requests of ``prompt_tokens`` and 300-token
+    answers (the workload's shape, as the scaler reads it), and its scaled pools."""
     cfg = parse_config(FLEET, "fleet.yaml", {})
     live = live_fleet(fleet_endpoints(cfg))
     for i in range(2):
         live.on_probe(i, 0.0, True, "ok")
-    for k in range(50):  # the workload: 6,000-token prompts, 300-token answers
-        sample = live.on_dispatch(k % 2, 0.1 * k, 0.1, 6000)
+    for k in range(50):
+        sample = live.on_dispatch(k % 2, 0.1 * k, 0.1, prompt_tokens)
         live.on_finish(k % 2, 0.1 * k, 300, 5.0, 0.02, sample)
-    pools = scaled_pools(cfg, live.endpoints, {"h100"})
+    return cfg, live, scaled_pools(cfg, live.endpoints, {"h100"})
+
+
+def test_a_replica_takes_no_fewer_requests_per_second_where_prompts_may_take_more_time(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The capacity is self-consistent: a rate that B_slo caps is not charged the slowdown
+    of a prefill share it does not reach (with a fixed slowdown, 0.6 gave less than 0.5)."""
+    cfg, live, pools = _warm_fleet(6000)  # 6,000-token prompts, 300-token answers
     caps = []
     for share in (0.3, 0.4, 0.5, 0.6, 0.7, 0.8):
         monkeypatch.setattr(signals, "STEADY_PREFILL_SHARE", share)
@@ -195,14 +203,7 @@ def test_a_replicas_capacity_is_not_what_the_tick_leaves_of_it() -> None:
     the tick's load, its TTFT counted the queue and the capacity fell with the packing (the
     cost router's B200 swung between 6.6 and 40 requests/s, and the scaler bought the
     dearest pool instead)."""
-    cfg = parse_config(FLEET, "fleet.yaml", {})
-    live = live_fleet(fleet_endpoints(cfg))
-    for i in range(2):
-        live.on_probe(i, 0.0, True, "ok")
-    for k in range(50):  # the workload: 1,500-token prompts, 300-token answers
-        sample = live.on_dispatch(k % 2, 0.1 * k, 0.1, 1500)
-        live.on_finish(k % 2, 0.1 * k, 300, 5.0, 0.02, sample)
-    pools = scaled_pools(cfg, live.endpoints, {"h100"})
+    cfg, live, pools = _warm_fleet(1500)  # 1,500-token prompts, 300-token answers
     (idle,) = observe(live, pools, scaling_slo(cfg), 5.0)
     for k in range(400):  # both replicas packed far past their batch, prompts pouring in
         live.on_dispatch(k % 2, 5.0, 0.1, 1500)
