@@ -120,11 +120,19 @@ def reference(live: LiveFleet, i: int, req: RoutingRequest, slo: Slo,
     timely = (slo.tpot_s is None or tpot <= SLO_HEADROOM * slo.tpot_s) and (
         slo.ttft_s is None or ttft <= SLO_HEADROOM * slo.ttft_s)
     meets = within and timely and not over_share
+    over = within and timely and over_share
+    known = col("context_tokens_mean") > 0 and col("output_tokens_mean") > 0
+    if not timely and slo.tpot_s is not None and known:  # admission: others at min(C, C_typ)
+        others = min(col("context_tokens_mean") + col("output_tokens_mean") / 2, ctx)
+        fair = k * slow * (base + col("step_per_ctx_token_s")
+                           * (ctx + others * (min(active + 1, b_max) - 1)))
+        timely = fair <= SLO_HEADROOM * slo.tpot_s and (
+            slo.ttft_s is None or ttft <= SLO_HEADROOM * slo.ttft_s)
     return {"active": active, "tpot_s": tpot, "ttft_s": ttft, "e2e_s": ttft + tpot * (g - 1),
             "slo_capacity": b_slo, "usd_per_mtok": usd, "marginal_usd": marginal,
             "can_take": float(timely and active + 1 <= (b_slo if learned else 1.5 * b_slo)),
             "load": active / max(b_slo, 1.0),
-            "meets_slo": float(meets), "over_share": float(within and timely and over_share),
+            "meets_slo": float(meets), "over_share": float(over),
             "kv_headroom_tokens": (1 - usage) * col(
                 "kv_capacity_tokens"), "fits_context": float(col("max_model_len") >= n + g)}
 
@@ -328,6 +336,32 @@ def test_compiled_falls_back_to_memory_when_numba_cannot_cache(
         return x * 2
 
     assert module.compiled(double)(2.5) == 5.0
+
+
+def test_a_long_prompt_among_short_ones_is_steered_away_but_admitted() -> None:
+    """Steering counts every running request at this request's context; admission at the
+    workload's (``context_tokens_mean``) where that is smaller: a 2,800-token prompt beside
+    60 running 700-token ones is not predicted within a 30 ms TPOT there, but their step
+    reads 700-token contexts, and it fits."""
+    live = make_fleet([("mi355x-vllm", "mi355x", "amd", "vllm", 2.4)])
+    for _ in range(20):  # the workload: 700-token prompts, 250-token answers
+        sample = live.on_dispatch(0, 1.0, None, 700)
+        live.on_finish(0, 2.0, 250, 1.0, 0.02, sample)
+    for _ in range(60):
+        live.on_dispatch(0, 2.0, None, 700)
+    snap = live.snapshot(100.0)
+    idx = snap.by_model[(MODEL, "chat")]
+
+    def est(tokens: int, tpot_s: float) -> Estimates:
+        req = RoutingRequest(model=MODEL, prompt_chars=4 * tokens, max_tokens=250)
+        return Estimates(snap, idx, req, Slo(tpot_s=tpot_s))
+
+    short, long = est(700, 0.03), est(2800, 0.03)
+    assert short["meets_slo"][0] and short["can_take"][0] == 1
+    assert long["tpot_s"][0] > SLO_HEADROOM * 0.03 and not long["meets_slo"][0]
+    assert long["can_take"][0] == 1  # counted at its own context, it was refused (a 429)
+    # where even the workload's contexts make too slow a step, it is refused
+    assert short["tpot_s"][0] > SLO_HEADROOM * 0.02 and est(2800, 0.02)["can_take"][0] == 0
 
 
 def test_one_candidates_estimate_matches_the_fleets() -> None:

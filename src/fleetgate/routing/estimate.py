@@ -95,7 +95,18 @@ prior of ``prior.py`` corrected by the learned ``k_tpot``/``k_ttft``:
              a cold fleet waits only past what the learned capacity could reach). The
              prefill share guards a tail of a percent or two: worth steering by, not worth
              a 429 (with it, goodput at 2x the small fleet's capacity fell from 57.8 to
-             53.5 requests/s; without it, 71.4)
+             53.5 requests/s; without it, 71.4). Its TPOT counts the other running
+             requests at min(C, C_typ) each, C_typ = ``context_tokens_mean`` +
+             g_typ / 2 (the workload's whole prompts, cached prefix included: what a step's
+             KV read counts), not at this request's C as the steering's tpot does. A long
+             prompt among short ones is steered away from a full replica (counted at its
+             own C, the others make a slow step), and admitted where it fits by what the
+             step will read: counted at its own C, the cost router shed 1,970 requests of a
+             plan-chosen 5 x MI355X/SGLang fleet (94.5% within the SLO, round_robin 100%);
+             counted this way, 6 (99.59%); no autoscaled bill of the matrix rose by more
+             than 0.2% (BENCHMARKS.md, issue 22). Counting the others at C_typ for steering
+             as well made autoscaled bills up to 31% dearer: long prompts then packed into
+             busy replicas
 
 A hosted API priced per token (``per_token`` 1: ``engine: openai`` with ``price_per_mtok``)
 has no replica time to model or pay for: tpot = k_tpot x its expected TPOT, ttft = k_ttft x
@@ -173,7 +184,7 @@ class Slo:
 _LIVE_IN = np.array([LIVE_ROW[name] for name in (
     "active", "queued", "kv_usage", "k_tpot", "k_ttft", "prefill_tokens_per_s", "slo_limit",
     "slo_knee", "prompt_tokens_mean", "output_tokens_mean", "output_tokens_p2",
-    "recent_prefill_tokens_per_s", "prefill_at")],
+    "recent_prefill_tokens_per_s", "prefill_at", "context_tokens_mean")],
     dtype=np.intp)
 _STATIC_IN = np.array([STATIC_ROW[name] for name in (
     "step_base_s", "step_per_ctx_token_s", "prefill_s_per_token", "kv_capacity_tokens",
@@ -226,7 +237,7 @@ def _kernel(live: FloatArray, static: FloatArray, live_in: IntArray, static_in: 
     unknown prediction does not fail an SLO nobody set).
     """
     (active_r, queued_r, kv_usage_r, k_tpot_r, k_ttft_r, prefill_rate_r, limit_r, knee_r,
-     typ_n_r, typ_g_r, short_r, recent_r, prefill_at_r) = live_in
+     typ_n_r, typ_g_r, short_r, recent_r, prefill_at_r, typ_ctx_r) = live_in
     base_r, per_ctx_r, prefill_r, kv_cap_r, max_batch_r, usd_r = static_in[:6]
     ctx = n_sent + g / 2
     full = n_sent + g
@@ -291,6 +302,12 @@ def _kernel(live: FloatArray, static: FloatArray, live_in: IntArray, static_in: 
         meets[j] = within and timely and not over_share
         out[10, j] = 1.0 if within and timely and over_share else 0.0
         room = batch if learned else LEARNED_GROWTH * batch  # cold: what the prior may grow to
+        if not timely and tpot_limit < np.inf and live[typ_ctx_r, r] > 0 \
+                and live[typ_g_r, r] > 0:  # the others at the workload's context, if smaller
+            others = min(live[typ_ctx_r, r] + live[typ_g_r, r] / 2, ctx)
+            fair = k_tpot * slow * (base + ctx_cost + static[per_ctx_r, i] * others
+                                    * (min(active + 1.0, b_max) - 1.0))
+            timely = fair <= tpot_limit and (ttft_limit == np.inf or ttft <= ttft_limit)
         out[8, j] = 1.0 if timely and active + 1.0 <= room else 0.0
         if batch > 0:
             fixed = k_tpot * g * base / min(active + 1.0, batch)

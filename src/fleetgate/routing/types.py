@@ -187,8 +187,8 @@ class PrefixLookup(Protocol):
 # The live rows a decision reads (and a snapshot copies), then the ones it does not.
 ROUTED_COLUMNS = ("active", "queued", "kv_usage", "k_tpot", "k_ttft", "prefill_tokens_per_s",
                   "recent_prefill_tokens_per_s", "prefill_at", "slo_limit", "slo_knee",
-                  "prompt_tokens_mean", "output_tokens_mean", "output_tokens_p2", "health",
-                  "usable_from", "stale_at")
+                  "prompt_tokens_mean", "context_tokens_mean", "output_tokens_mean",
+                  "output_tokens_p2", "health", "usable_from", "stale_at")
 LIVE_COLUMNS = (
     *ROUTED_COLUMNS, "in_flight", "running", "ttft_s", "tpot_s", "tokens_per_s", "block_until",
     "last_contact", "error_rate", "peer_in_flight", "peer_block_until", "requests_per_s",
@@ -215,7 +215,10 @@ class Snapshot:
     ``state/slo_capacity.py``; NaN: none yet), ``slo_knee`` (1: that capacity is where
     misses were seen to rise, 0: only the loads seen so far),
     ``prompt_tokens_mean`` / ``output_tokens_mean`` (the workload's: EWMAs over every request
-    the gateway sent and saw finish, one value for the fleet; NaN: none yet),
+    the gateway sent and saw finish, one value for the fleet; NaN: none yet; the prompt's
+    without what the endpoint's cache held, the prefill work), ``context_tokens_mean`` (the
+    same over whole prompts, cached prefix included: what a running request's KV reads
+    count),
     ``output_tokens_p2`` (the 2nd percentile of answers, likewise), ``health``
     (HEALTH_CODES), ``usable_from`` (when the breakers, ours and the peers', let requests
     through again; +inf while not ready) and ``stale_at`` (when the state goes stale; +inf

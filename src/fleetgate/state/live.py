@@ -15,7 +15,8 @@ What it keeps, per endpoint:
   counts over ~10 s (``PREFILL_TAU_S``) and ~1 s (``RECENT_PREFILL_TAU_S``), up to date at
   ``prefill_at``: the prompts' share of the engine's time (``routing/estimate.py``, the
   router's prefill share bound) and, with the peers' ``peer_requests_per_s``
-  (``sync.py``), the scaler's demand (``fleetgate.scaling``); ``prompt_tokens_mean``,
+  (``sync.py``), the scaler's demand (``fleetgate.scaling``); ``prompt_tokens_mean`` (what
+  was prefilled), ``context_tokens_mean`` (whole prompts, cached prefix included),
   ``output_tokens_mean`` and ``output_tokens_p2`` (the 2nd percentile of answers): the
   workload's request shape, one value each for the whole fleet.
 - EWMAs (alpha 0.2) of TTFT, TPOT (time per output token after the first), end-to-end
@@ -126,7 +127,8 @@ class LiveFleet:
         self._static = static_columns(self.endpoints, priors)
         self.prefix = PrefixIndex(self.endpoints, self._static[STATIC_ROW["kv_capacity_tokens"]])
         self.adapters = AdapterTable(self.endpoints)  # who holds which LoRA adapter
-        self._seen = {"prompt_tokens_mean": 0, "output_tokens_mean": 0}
+        self._seen = {"prompt_tokens_mean": 0, "context_tokens_mean": 0,
+                      "output_tokens_mean": 0}
         self.k_ttft = Corrections(self._live[_ROW["k_ttft"]])
         self.k_tpot = Corrections(self._live[_ROW["k_tpot"]])
         same = [tuple(self._static[_PRIOR_ROWS, i]) for i in range(n)]
@@ -235,6 +237,8 @@ class LiveFleet:
         self._live[_REQUEST_RATE, i] += 1.0 / PREFILL_TAU_S
         if prompt_tokens:  # the workload's, not the endpoint's: the router's choices bias those
             self._workload_mean("prompt_tokens_mean", prompt_tokens)
+        if whole:
+            self._workload_mean("context_tokens_mean", whole)
         if st.breaker.state == "half_open":
             self._live[_ROW["block_until"], i] = np.inf  # one probe request at a time
             self._derive_usable(i)
