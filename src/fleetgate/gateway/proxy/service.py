@@ -417,7 +417,9 @@ async def _relay_body(resp: UpstreamResponse, ex: Exchange, attempt: Attempt,
     except UpstreamError as exc:
         raise transport_failure(exc, attempt.ep.id) from None
     answer = whole_answer(ex.req.api.name, raw, attempt.ep.id, resp.content_type)
-    attempt.finished(ex.req.api.usage(answer.get("usage")))  # the ledger charges it here
+    # the ledger charges it here; the live state learns once the answer is written
+    attempt.finished(ex.req.api.usage(answer.get("usage")),
+                     later=asyncio.get_running_loop().call_soon)
     headers["x-fleetgate-cost-usd"] = repr(ex.req.cost_usd)  # every attempt's charge
     return Response(rewrite(raw), status_code=200, headers=headers,
                     media_type="application/json")
