@@ -124,9 +124,9 @@ def reference(live: LiveFleet, i: int, req: RoutingRequest, slo: Slo,
     known = col("context_tokens_mean") > 0 and col("output_tokens_mean") > 0
     if not timely and slo.tpot_s is not None and known:  # admission: others at min(C, C_typ)
         others = min(col("context_tokens_mean") + col("output_tokens_mean") / 2, ctx)
-        fair = k * slow * (base + col("step_per_ctx_token_s")
-                           * (ctx + others * (min(active + 1, b_max) - 1)))
-        timely = fair <= SLO_HEADROOM * slo.tpot_s and (
+        typical_tpot = k * slow * (base + col("step_per_ctx_token_s")
+                                   * (ctx + others * (min(active + 1, b_max) - 1)))
+        timely = typical_tpot <= SLO_HEADROOM * slo.tpot_s and (
             slo.ttft_s is None or ttft <= SLO_HEADROOM * slo.ttft_s)
     return {"active": active, "tpot_s": tpot, "ttft_s": ttft, "e2e_s": ttft + tpot * (g - 1),
             "slo_capacity": b_slo, "usd_per_mtok": usd, "marginal_usd": marginal,

@@ -305,9 +305,9 @@ def _kernel(live: FloatArray, static: FloatArray, live_in: IntArray, static_in: 
         if not timely and tpot_limit < np.inf and live[typ_ctx_r, r] > 0 \
                 and live[typ_g_r, r] > 0:  # the others at the workload's context, if smaller
             others = min(live[typ_ctx_r, r] + live[typ_g_r, r] / 2, ctx)
-            fair = k_tpot * slow * (base + ctx_cost + static[per_ctx_r, i] * others
-                                    * (min(active + 1.0, b_max) - 1.0))
-            timely = fair <= tpot_limit and (ttft_limit == np.inf or ttft <= ttft_limit)
+            typical_tpot = k_tpot * slow * (base + ctx_cost + static[per_ctx_r, i] * others
+                                            * (min(active + 1.0, b_max) - 1.0))
+            timely = typical_tpot <= tpot_limit and (ttft_limit == np.inf or ttft <= ttft_limit)
         out[8, j] = 1.0 if timely and active + 1.0 <= room else 0.0
         if batch > 0:
             fixed = k_tpot * g * base / min(active + 1.0, batch)
